@@ -1,0 +1,70 @@
+# xdproxy: a kube-proxy replacement on AF_XDP.
+# `make demo` and `make test` are meant to work as root on a fresh Debian
+# machine: they install the Debian packages they need themselves.
+
+GO        ?= go
+BIN       := $(CURDIR)/bin
+KUBE_BIN  := $(CURDIR)/build/kube/bin
+GOFLAGS   ?=
+# Debian packages the tests, the demo and the benchmark use.
+DEB_PKGS  := iproute2 iperf3 curl ethtool iptables nftables tcpdump procps
+DEB_BINS  := ip iperf3 curl ethtool iptables nft tcpdump ps
+
+export XDPROXY_KUBE_BIN := $(KUBE_BIN)
+
+.PHONY: all build test test-unit test-race bench bench-quick lint demo generate kube-tools deps fuzz clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN)/ ./cmd/... ./bench/cmd/...
+
+# deps installs missing Debian packages (only when one is missing, so a
+# machine that has them needs no network).
+deps:
+	@missing=""; for b in $(DEB_BINS); do command -v $$b >/dev/null 2>&1 || missing="$$missing $$b"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages (missing:$$missing)"; \
+		DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(DEB_PKGS) >/dev/null; \
+	fi
+
+# kube-tools builds a real kube-apiserver, etcd, kubectl and kube-proxy from
+# Go modules (control/kubetools is its own module); cached in build/kube.
+kube-tools:
+	./control/kubetools/build.sh $(KUBE_BIN)
+
+# test runs every test, the privileged namespace tests included (run as root).
+test: deps kube-tools build
+	$(GO) vet ./...
+	$(GO) test -count=1 -timeout 25m ./...
+	$(GO) test -count=1 -race -timeout 10m ./nat/... ./dataplane/service/... ./dataplane
+	@echo "make test: all tests passed"
+
+test-unit:
+	$(GO) test -short ./...
+
+bench: deps build
+	$(GO) test -run '^$$' -bench . -benchmem ./dataplane/... ./nat/... ./control/...
+	$(BIN)/xdproxy-bench --out bench/results
+
+bench-quick: deps build
+	$(BIN)/xdproxy-bench --quick --out bench/results
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+demo: deps build
+	./deploy/demo.sh $(BIN)
+
+# generate recompiles the XDP program (needs clang; installed from Debian).
+generate:
+	@command -v clang-14 >/dev/null || (DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang-14 llvm-14 >/dev/null)
+	$(GO) generate ./xdp/...
+
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 60s ./dataplane/packet
+
+clean:
+	rm -rf $(BIN) build

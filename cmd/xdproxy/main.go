@@ -1,0 +1,53 @@
+// Command xdproxy is the node agent: `xdproxy run --config FILE` forwards
+// service traffic; `xdproxy admin ...` asks a running agent for its state.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+)
+
+const usage = `usage:
+  xdproxy run --config FILE          run the agent
+  xdproxy check --config FILE        validate a config file and exit
+  xdproxy admin [--socket PATH] CMD  query a running agent; CMD is one of
+                                     stats, services, conntrack, workers
+  xdproxy version
+`
+
+var version = "dev"
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "run":
+		err = runCmd(os.Args[2:])
+	case "check":
+		err = checkCmd(os.Args[2:])
+	case "admin":
+		err = adminCmd(os.Args[2:])
+	case "version":
+		fmt.Println("xdproxy", version)
+	case "-h", "--help", "help":
+		fmt.Print(usage)
+	default:
+		fmt.Fprintf(os.Stderr, "xdproxy: unknown command %q\n%s", os.Args[1], usage)
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "xdproxy:", err)
+		os.Exit(1)
+	}
+}
+
+func configFlag(name string, args []string) (*flag.FlagSet, *string) {
+	fs := flag.NewFlagSet(name, flag.ExitOnError)
+	path := fs.String("config", "", "path of the YAML config file")
+	_ = fs.Parse(args)
+	return fs, path
+}

@@ -1,0 +1,13 @@
+// Command etcd is the etcd server that kube-apiserver stores its objects in,
+// built from go.etcd.io/etcd/server/v3 at the version pinned in go.mod.
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() {
+	etcdmain.Main(os.Args)
+}

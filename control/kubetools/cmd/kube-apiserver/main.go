@@ -1,0 +1,15 @@
+// Command kube-apiserver is the upstream Kubernetes API server, built from the
+// k8s.io/kubernetes module at the version pinned in this module's go.mod so that
+// control-plane tests run against the real thing.
+package main
+
+import (
+	"os"
+
+	"k8s.io/component-base/cli"
+	"k8s.io/kubernetes/cmd/kube-apiserver/app"
+)
+
+func main() {
+	os.Exit(cli.Run(app.NewAPIServerCommand()))
+}

@@ -1,0 +1,96 @@
+package dataplane
+
+import (
+	"sync/atomic"
+
+	"github.com/xdproxy/xdproxy/dataplane/packet"
+)
+
+// Counters are one worker's totals. The worker accumulates a batch in a
+// plain local copy and adds it here once per batch, so readers (metrics,
+// the admin CLI) see consistent atomics without a per-packet atomic add.
+type Counters struct {
+	RxFrames   atomic.Uint64
+	Forwarded  atomic.Uint64
+	Replied    atomic.Uint64
+	TxFrames   atomic.Uint64
+	Copied     atomic.Uint64 // frames copied into another interface's UMEM
+	NewFlows   atomic.Uint64
+	Wakeups    atomic.Uint64 // times the worker woke from poll()
+	Batches    atomic.Uint64
+	ByReason   [packet.NumReasons]atomic.Uint64
+	TxFullDrop atomic.Uint64
+}
+
+// batchCounters is the per-batch local accumulator.
+type batchCounters struct {
+	rx, forwarded, replied, tx, copied, newFlows uint64
+	byReason                                     [packet.NumReasons]uint64
+}
+
+func (c *Counters) add(b *batchCounters) {
+	if b.rx != 0 {
+		c.RxFrames.Add(b.rx)
+	}
+	if b.forwarded != 0 {
+		c.Forwarded.Add(b.forwarded)
+	}
+	if b.replied != 0 {
+		c.Replied.Add(b.replied)
+	}
+	if b.tx != 0 {
+		c.TxFrames.Add(b.tx)
+	}
+	if b.copied != 0 {
+		c.Copied.Add(b.copied)
+	}
+	if b.newFlows != 0 {
+		c.NewFlows.Add(b.newFlows)
+	}
+	for i, v := range b.byReason {
+		if v != 0 {
+			c.ByReason[i].Add(v)
+		}
+	}
+	c.Batches.Add(1)
+	*b = batchCounters{}
+}
+
+// Snapshot is a plain copy of Counters.
+type Snapshot struct {
+	RxFrames, Forwarded, Replied, TxFrames, Copied, NewFlows, Wakeups, Batches uint64
+	ByReason                                                                   map[string]uint64
+}
+
+// Snapshot reads the counters.
+func (c *Counters) Snapshot() Snapshot {
+	s := Snapshot{
+		RxFrames: c.RxFrames.Load(), Forwarded: c.Forwarded.Load(), Replied: c.Replied.Load(),
+		TxFrames: c.TxFrames.Load(), Copied: c.Copied.Load(), NewFlows: c.NewFlows.Load(),
+		Wakeups: c.Wakeups.Load(), Batches: c.Batches.Load(), ByReason: map[string]uint64{},
+	}
+	for i := range c.ByReason {
+		if v := c.ByReason[i].Load(); v != 0 {
+			s.ByReason[packet.Reason(i).String()] = v
+		}
+	}
+	return s
+}
+
+// Add sums another snapshot into s.
+func (s *Snapshot) Add(o Snapshot) {
+	s.RxFrames += o.RxFrames
+	s.Forwarded += o.Forwarded
+	s.Replied += o.Replied
+	s.TxFrames += o.TxFrames
+	s.Copied += o.Copied
+	s.NewFlows += o.NewFlows
+	s.Wakeups += o.Wakeups
+	s.Batches += o.Batches
+	if s.ByReason == nil {
+		s.ByReason = map[string]uint64{}
+	}
+	for k, v := range o.ByReason {
+		s.ByReason[k] += v
+	}
+}

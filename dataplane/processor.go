@@ -1,0 +1,317 @@
+package dataplane
+
+import (
+	"math/bits"
+
+	"github.com/xdproxy/xdproxy/dataplane/packet"
+	"github.com/xdproxy/xdproxy/dataplane/service"
+	"github.com/xdproxy/xdproxy/nat"
+	"github.com/xdproxy/xdproxy/nat/conntrack"
+)
+
+// ProcessorConfig holds what a Processor shares with the other workers.
+type ProcessorConfig struct {
+	Services  *service.Current
+	Conntrack *conntrack.Table
+	Affinity  *service.Affinity
+	// SNATPorts is the source-port range of masqueraded flows.
+	SNATPorts conntrack.PortRange
+	// SNATSource returns the address to masquerade a flow to backend as
+	// (the node's address on the way there). Called once per new
+	// masqueraded flow, never per packet of an established one.
+	SNATSource func(backend packet.Addr) (packet.Addr, bool)
+	// SweepBudget is how many conntrack slots a worker checks for expiry
+	// per batch.
+	SweepBudget int
+	// RejectsPerSecond limits the TCP resets and ICMP unreachables one
+	// worker generates for services without endpoints, so that a flood
+	// cannot turn the node into a reflector. 0 means 1000.
+	RejectsPerSecond int
+	// Seed starts the worker's random source (Random scheduler).
+	Seed uint64
+}
+
+// Processor translates frames. It belongs to one worker: it keeps that
+// worker's random source, scratch packet and counters, and reads the
+// service table the worker loaded for the current batch. Everything it
+// shares with other workers (conntrack, affinity, the table itself) is
+// safe for concurrent use.
+type Processor struct {
+	cfg   ProcessorConfig
+	table *service.Table
+	pkt   packet.Packet
+	rng   uint64
+
+	rejectTokens int
+	rejectRefill int64
+
+	// NewFlows counts flows this processor created; read by its worker.
+	NewFlows uint64
+}
+
+// NewProcessor makes the processor of one worker.
+func NewProcessor(cfg ProcessorConfig) *Processor {
+	if cfg.SweepBudget == 0 {
+		cfg.SweepBudget = 256
+	}
+	if cfg.RejectsPerSecond == 0 {
+		cfg.RejectsPerSecond = 1000
+	}
+	return &Processor{cfg: cfg, rng: cfg.Seed | 1}
+}
+
+// BeginBatch loads the current service table for the frames that follow.
+// The table is not reloaded per packet: a batch sees one table.
+func (p *Processor) BeginBatch(now int64) { p.table = p.cfg.Services.Load() }
+
+// Housekeep runs bounded background work between batches: expiring
+// connection-tracking entries.
+func (p *Processor) Housekeep(now int64) { p.cfg.Conntrack.Sweep(p.cfg.SweepBudget, now) }
+
+// Process translates one frame in place and says what to do with it. now is
+// a monotonic time in nanoseconds. frame's capacity may exceed its length:
+// a generated reply may use it. Process does not allocate, lock or make
+// system calls.
+func (p *Processor) Process(frame []byte, now int64) Verdict {
+	pk := &p.pkt
+	if r := packet.Parse(frame, pk); r != packet.OK {
+		return notForwarded(r)
+	}
+	switch {
+	case pk.IsLaterFragment():
+		return p.laterFragment(frame, now)
+	case pk.IsICMPError:
+		return p.icmpError(frame, now)
+	}
+	flow, dir, ok := p.cfg.Conntrack.Lookup(pk.Tuple(), now)
+	if ok {
+		return p.established(frame, &flow, dir, now)
+	}
+	return p.newFlow(frame, now)
+}
+
+func notForwarded(r packet.Reason) Verdict {
+	if r.IsPass() {
+		return Verdict{Action: Pass, Reason: r}
+	}
+	return Verdict{Action: Drop, Reason: r}
+}
+
+// established translates a packet of a tracked flow: one lookup, one
+// rewrite, one state update.
+func (p *Processor) established(frame []byte, flow *conntrack.Flow, dir conntrack.Direction, now int64) Verdict {
+	pk := &p.pkt
+	if !nat.DecrementTTL(frame, pk) {
+		return Verdict{Action: Drop, Reason: packet.DropTTLExceeded}
+	}
+	nat.CompleteIfPartial(frame, pk)
+	tcpFlags := pk.TCPFlags
+	first := pk.IsFirstFragment()
+	var fk conntrack.FragmentKey
+	if first {
+		fk = conntrack.FragmentKeyOf(pk)
+	}
+	if !nat.Rewrite(frame, pk, flow.Rewrite) {
+		return Verdict{Action: Drop, Reason: packet.DropInvalidState}
+	}
+	p.cfg.Conntrack.Update(flow.Handle, dir, tcpFlags, now)
+	if first {
+		p.cfg.Conntrack.RememberFragment(fk, flow.Rewrite.Src, flow.Rewrite.Dst, now)
+	}
+	return Verdict{Action: Forward, NextHop: flow.Rewrite.Dst, Len: len(frame)}
+}
+
+// newFlow handles the first packet of a flow: find the frontend, choose a
+// backend, allocate a SNAT port when masquerading, track and translate.
+func (p *Processor) newFlow(frame []byte, now int64) Verdict {
+	pk := &p.pkt
+	tbl := p.table
+	if tbl == nil {
+		return Verdict{Action: Pass, Reason: packet.PassNoService}
+	}
+	fe := tbl.Lookup(pk.Proto, pk.Dst, pk.DstPort)
+	if fe == nil {
+		// Not a service: a reply of a flow we no longer track, or traffic
+		// that raced a table change. The kernel decides.
+		return Verdict{Action: Pass, Reason: packet.PassNoService}
+	}
+	if !fe.AllowsSource(pk.Src) {
+		return Verdict{Action: Drop, Reason: packet.DropSourceRange}
+	}
+	if pk.Proto == packet.ProtoTCP && pk.TCPFlags&packet.TCPRst != 0 {
+		// A reset opens nothing; answering or tracking it would only
+		// help an attacker.
+		return Verdict{Action: Drop, Reason: packet.DropInvalidState}
+	}
+	localOrigin := tbl.IsLocalOrigin(pk.Src)
+	switch fe.Verdict(localOrigin) {
+	case service.Reject:
+		return p.reject(frame, now)
+	case service.Drop:
+		return Verdict{Action: Drop, Reason: packet.DropNoBackend}
+	}
+	orig := pk.Tuple()
+	hash := flowHash(&orig)
+	var be *service.Backend
+	if fe.Port.AffinityTimeout > 0 && p.cfg.Affinity != nil {
+		be = fe.SelectWithAffinity(p.cfg.Affinity, pk.Src, hash, p.rand(), localOrigin, uint32(now/1e9))
+	} else {
+		be = fe.Select(hash, p.rand(), localOrigin)
+	}
+	if be == nil {
+		return Verdict{Action: Drop, Reason: packet.DropNoBackend}
+	}
+	translated := orig
+	translated.Dst, translated.DstPort = be.Addr, be.Port
+	flags := conntrack.DNAT
+	var h conntrack.Handle
+	var res conntrack.InsertResult
+	id := uint32(fe.Port.ID)
+	if service.NeedsMasquerade(fe, pk.Src, be) {
+		src, ok := p.snatSource(be.Addr)
+		if !ok {
+			return Verdict{Action: Drop, Reason: packet.DropNoSNATPort}
+		}
+		translated.Src = src
+		flags |= conntrack.SNAT
+		h, translated, res = p.cfg.Conntrack.InsertSNAT(orig, translated, flags, id, p.cfg.SNATPorts, now)
+	} else {
+		h, res = p.cfg.Conntrack.Insert(orig, translated, flags, id, now)
+	}
+	switch res {
+	case conntrack.Inserted:
+	case conntrack.OrigExists:
+		// Another worker tracked this flow a moment ago (its first
+		// packets came in on two queues): use its translation.
+		flow, dir, ok := p.cfg.Conntrack.Lookup(orig, now)
+		if !ok {
+			return Verdict{Action: Drop, Reason: packet.DropInvalidState}
+		}
+		return p.established(frame, &flow, dir, now)
+	default:
+		return Verdict{Action: Drop, Reason: res.Reason()}
+	}
+	p.NewFlows++
+	flow := conntrack.Flow{Handle: h, Rewrite: translated}
+	return p.established(frame, &flow, conntrack.Original, now)
+}
+
+func (p *Processor) snatSource(backend packet.Addr) (packet.Addr, bool) {
+	if p.cfg.SNATSource == nil {
+		return packet.Addr{}, false
+	}
+	return p.cfg.SNATSource(backend)
+}
+
+// reject answers a packet to a service without endpoints the way
+// kube-proxy's REJECT rule does: TCP reset for TCP, ICMP port unreachable
+// otherwise.
+func (p *Processor) reject(frame []byte, now int64) Verdict {
+	pk := &p.pkt
+	if !p.takeRejectToken(now) {
+		return Verdict{Action: Drop, Reason: packet.DropNoBackend}
+	}
+	client := pk.Src
+	var n int
+	var ok bool
+	if pk.Proto == packet.ProtoTCP {
+		n, ok = nat.BuildTCPReset(frame, pk)
+	} else {
+		code := uint8(packet.ICMPv4CodePortUnr)
+		if pk.Family == 6 {
+			code = 4 // ICMPv6 port unreachable
+		}
+		n, ok = nat.BuildICMPUnreachable(frame[:cap(frame)], len(frame), pk, code)
+	}
+	if !ok {
+		return Verdict{Action: Drop, Reason: packet.DropNoBackend}
+	}
+	return Verdict{Action: Reply, Reason: packet.DropNoBackend, NextHop: client, Len: n}
+}
+
+func (p *Processor) takeRejectToken(now int64) bool {
+	if now-p.rejectRefill >= 1e9 || p.rejectRefill == 0 {
+		p.rejectRefill = now
+		p.rejectTokens = p.cfg.RejectsPerSecond
+	}
+	if p.rejectTokens == 0 {
+		return false
+	}
+	p.rejectTokens--
+	return true
+}
+
+// icmpError translates an ICMP error about a tracked flow: the quoted
+// packet is one we sent, so its reverse is a tuple of the flow, and the
+// error continues in that direction with the quote restored to what the
+// receiver originally sent.
+func (p *Processor) icmpError(frame []byte, now int64) Verdict {
+	pk := &p.pkt
+	quoted := pk.InnerTuple()
+	flow, _, ok := p.cfg.Conntrack.Lookup(quoted.Reverse(), now)
+	if !ok {
+		return Verdict{Action: Pass, Reason: packet.PassNoService}
+	}
+	rw := flow.Rewrite
+	outerSrc := pk.Src
+	if pk.Src == quoted.Dst {
+		// The far end itself reports the error: it must appear to come
+		// from the address the receiver talked to.
+		outerSrc = rw.Src
+	}
+	inner := rw.Reverse()
+	if !nat.DecrementTTL(frame, pk) {
+		return Verdict{Action: Drop, Reason: packet.DropTTLExceeded}
+	}
+	if !nat.TranslateICMPError(frame, pk, outerSrc, rw.Dst, inner.Src, inner.Dst, inner.SrcPort, inner.DstPort) {
+		return Verdict{Action: Drop, Reason: packet.DropShortICMPQuote}
+	}
+	return Verdict{Action: Forward, NextHop: rw.Dst, Len: len(frame)}
+}
+
+// laterFragment gives a fragment without L4 header the translation its
+// first fragment got.
+func (p *Processor) laterFragment(frame []byte, now int64) Verdict {
+	pk := &p.pkt
+	src, dst, ok := p.cfg.Conntrack.LookupFragment(conntrack.FragmentKeyOf(pk), now)
+	if !ok {
+		return Verdict{Action: Pass, Reason: packet.PassFragment}
+	}
+	if !nat.DecrementTTL(frame, pk) {
+		return Verdict{Action: Drop, Reason: packet.DropTTLExceeded}
+	}
+	if !nat.Rewrite(frame, pk, packet.Tuple{Src: src, Dst: dst}) {
+		return Verdict{Action: Drop, Reason: packet.DropInvalidState}
+	}
+	return Verdict{Action: Forward, NextHop: dst, Len: len(frame)}
+}
+
+// rand is xorshift64*: a worker-local random source, one per Processor,
+// so workers never contend on a shared generator.
+func (p *Processor) rand() uint64 {
+	x := p.rng
+	x ^= x >> 12
+	x ^= x << 25
+	x ^= x >> 27
+	p.rng = x
+	return x * 2685821657736338717
+}
+
+// flowHash mixes a tuple into 64 bits for Maglev. It must be the same on
+// every worker and across restarts, so that a flow keeps its backend.
+func flowHash(t *packet.Tuple) uint64 {
+	const m = 0x9e3779b97f4a7c15
+	a := le64(t.Src[8:]) ^ bits.RotateLeft64(le64(t.Src[:8]), 17)
+	b := le64(t.Dst[8:]) ^ bits.RotateLeft64(le64(t.Dst[:8]), 29)
+	c := uint64(t.SrcPort)<<32 | uint64(t.DstPort)<<16 | uint64(t.Proto)
+	h := (a ^ m) * 0xbf58476d1ce4e5b9
+	h = (h ^ b ^ h>>31) * 0x94d049bb133111eb
+	h = (h ^ c ^ h>>29) * m
+	return h ^ h>>32
+}
+
+func le64(b []byte) uint64 {
+	_ = b[7]
+	return uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
+		uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
+}

@@ -1,0 +1,95 @@
+package service
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/xdproxy/xdproxy/dataplane/packet"
+)
+
+// bigModel has the given number of ClusterIP services with the given
+// number of endpoints each; the first 20000 also have a NodePort.
+func bigModel(services, endpoints int, scheduler Scheduler) *Model {
+	m := &Model{Node: Node{Name: "node-a", Zone: "zone-a", Addresses: []packet.Addr{nodeV4}}}
+	m.Ports = make([]ServicePort, services)
+	for s := range m.Ports {
+		sp := &m.Ports[s]
+		*sp = ServicePort{
+			Name:       name("ns", fmt.Sprint("svc-", s), "http"),
+			Proto:      packet.ProtoTCP,
+			ClusterIPs: []packet.Addr{clusterIPOf(s)},
+			Port:       80,
+			Scheduler:  scheduler,
+			Endpoints:  make([]Endpoint, endpoints),
+		}
+		if s < 20000 {
+			sp.NodePort = uint16(30000 + s)
+		}
+		for e := range sp.Endpoints {
+			sp.Endpoints[e] = Endpoint{
+				Addr:  packet.AddrFrom4([4]byte{10, byte(s >> 16), byte(s >> 8), byte(s)}),
+				Port:  uint16(8000 + e),
+				Ready: true, Serving: true,
+				NodeName: fmt.Sprint("node-", e%3),
+			}
+		}
+	}
+	return m
+}
+
+func clusterIPOf(s int) packet.Addr {
+	return packet.AddrFrom4([4]byte{198, 18 + byte(s>>16), byte(s >> 8), byte(s)})
+}
+
+func BenchmarkLookup(b *testing.B) {
+	for _, n := range []int{1, 10_000, 100_000} {
+		tab := Compile(bigModel(n, 2, Random), CompileOptions{})
+		keys := make([]Key, 4096)
+		for i := range keys {
+			s := (i * 7919) % n
+			keys[i] = Key{Addr: clusterIPOf(s), Port: 80, Proto: packet.ProtoTCP}
+		}
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				k := &keys[i&4095]
+				if tab.Lookup(k.Proto, k.Addr, k.Port) == nil {
+					b.Fatal("miss")
+				}
+				i++
+			}
+		})
+	}
+}
+
+func BenchmarkSelect(b *testing.B) {
+	for _, s := range []Scheduler{Random, RoundRobin, Maglev} {
+		f := Compile(schedModel(s, 10), CompileOptions{}).Lookup(packet.ProtoTCP, packet.MustParseAddr("198.19.0.1"), 80)
+		b.Run(s.String(), func(b *testing.B) {
+			b.ReportAllocs()
+			h := uint64(1)
+			for b.Loop() {
+				h = h*6364136223846793005 + 1442695040888963407
+				_ = f.Select(h, h>>1, false)
+			}
+		})
+	}
+}
+
+func BenchmarkCompile(b *testing.B) {
+	m := bigModel(10_000, 10, Random)
+	b.Run("services=10000/endpoints=10", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = Compile(m, CompileOptions{})
+		}
+	})
+	mm := bigModel(1000, 10, Maglev)
+	b.Run("services=1000/endpoints=10/maglev", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = Compile(mm, CompileOptions{})
+		}
+	})
+}

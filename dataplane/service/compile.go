@@ -1,0 +1,418 @@
+package service
+
+import (
+	"bytes"
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/xdproxy/xdproxy/dataplane/maglev"
+	"github.com/xdproxy/xdproxy/dataplane/packet"
+)
+
+// CompileOptions are the node-wide settings that shape a Table.
+type CompileOptions struct {
+	// ClusterCIDRs are the pod network ranges (kube-proxy's
+	// --cluster-cidr / local-traffic detector). Traffic to a cluster IP
+	// from outside them is masqueraded; traffic from inside them to an
+	// external frontend with policy Local is local-origin. Without any,
+	// kube-proxy masquerades no cluster IP traffic (unless MasqueradeAll)
+	// and only the node's own addresses count as local origin.
+	ClusterCIDRs []netip.Prefix
+	// MasqueradeAll masquerades all traffic to cluster IPs.
+	MasqueradeAll bool
+	// MaglevSize is the slot count of Maglev tables, a prime; 0 means
+	// maglev.DefaultSize. Each Maglev backend set costs 4 bytes a slot.
+	MaglevSize uint64
+	// Generation numbers the table; 0 takes the next value of a
+	// process-wide counter.
+	Generation uint64
+	// Version is a free-form label, such as the source's resource version.
+	Version string
+}
+
+// Validate reports options that Compile would have to ignore.
+func (o *CompileOptions) Validate() error {
+	if o.MaglevSize != 0 && (o.MaglevSize > maglev.MaxSize || !maglev.IsPrime(o.MaglevSize)) {
+		return fmt.Errorf("service: Maglev table size %d: %w", o.MaglevSize, maglev.ErrSizeNotPrime)
+	}
+	for _, p := range o.ClusterCIDRs {
+		if !p.IsValid() {
+			return fmt.Errorf("service: invalid cluster CIDR %v", p)
+		}
+	}
+	return nil
+}
+
+var generations atomic.Uint64
+
+// DefaultAffinityTimeout is kube-proxy's default ClientIP affinity
+// timeout (sessionAffinityConfig.clientIP.timeoutSeconds), for sources
+// that ask for affinity without a timeout.
+const DefaultAffinityTimeout = 10800 * time.Second
+
+// Compile builds the immutable Table for m. It does not modify or keep m.
+// Options that fail Validate are replaced by their defaults and reported
+// in Table.Problems.
+func Compile(m *Model, opts CompileOptions) *Table {
+	t := &Table{generation: opts.Generation, version: opts.Version, masqueradeAll: opts.MasqueradeAll}
+	if t.generation == 0 {
+		t.generation = generations.Add(1)
+	} else {
+		// Keep the counter ahead of explicit generations too.
+		for {
+			g := generations.Load()
+			if g >= opts.Generation || generations.CompareAndSwap(g, opts.Generation) {
+				break
+			}
+		}
+	}
+	maglevSize := opts.MaglevSize
+	if maglevSize != 0 && (maglevSize > maglev.MaxSize || !maglev.IsPrime(maglevSize)) {
+		t.problems = append(t.problems, fmt.Sprintf("Maglev table size %d is not a prime; using %d", maglevSize, maglev.DefaultSize))
+		maglevSize = 0
+	}
+	for _, p := range opts.ClusterCIDRs {
+		if pf, ok := prefixFrom(p); ok {
+			t.clusterCIDRs = append(t.clusterCIDRs, pf)
+		}
+	}
+	t.nodeAddrs = slices.Clone(m.Node.Addresses)
+
+	// Sort service ports so that the outcome, conflicts included, does
+	// not depend on the order the source listed them in.
+	order := make([]int, len(m.Ports))
+	nFrontends, nEndpoints := 0, 0
+	for i := range order {
+		order[i] = i
+		sp := &m.Ports[i]
+		nFrontends += len(sp.ClusterIPs) + len(sp.ExternalIPs) + len(sp.LoadBalancerIPs)
+		if sp.NodePort != 0 {
+			nFrontends += len(m.Node.Addresses)
+		}
+		nEndpoints += len(sp.Endpoints)
+	}
+	slices.SortFunc(order, func(a, b int) int {
+		pa, pb := &m.Ports[a], &m.Ports[b]
+		return cmp.Or(
+			cmp.Compare(pa.Name.Namespace, pb.Name.Namespace),
+			cmp.Compare(pa.Name.Name, pb.Name.Name),
+			cmp.Compare(pa.Name.Port, pb.Name.Port),
+			cmp.Compare(pa.Proto, pb.Proto),
+		)
+	})
+
+	c := compiler{
+		t:          t,
+		node:       &m.Node,
+		maglevSize: maglevSize,
+		// Cluster and local lists together hold each endpoint at most twice.
+		arena: make([]Backend, 0, 2*nEndpoints),
+	}
+	t.ports = make([]Port, len(order))
+	t.frontends = make([]Frontend, 0, nFrontends)
+	t.index = newKeyIndex(nFrontends)
+	t.backends = newKeyIndex(nEndpoints)
+	for i, mi := range order {
+		c.port(&t.ports[i], &m.Ports[mi])
+	}
+	for i := range t.ports {
+		c.frontends(&t.ports[i], &m.Ports[order[i]])
+	}
+
+	t.frontendKeys = make([]Key, len(t.frontends))
+	vips := make([]packet.Addr, 0, len(t.frontends))
+	for i := range t.frontends {
+		f := &t.frontends[i]
+		t.frontendKeys[i] = f.Key
+		if f.Kind != NodePort {
+			vips = append(vips, f.Key.Addr)
+		}
+	}
+	slices.SortFunc(vips, func(a, b packet.Addr) int { return compareAddr(&a, &b) })
+	t.vips = slices.Compact(vips)
+	return t
+}
+
+type compiler struct {
+	t          *Table
+	node       *Node
+	maglevSize uint64
+	arena      []Backend
+	names      [][]byte
+}
+
+func (c *compiler) port(p *Port, sp *ServicePort) {
+	*p = Port{
+		Name:                sp.Name,
+		Proto:               sp.Proto,
+		Port:                sp.Port,
+		NodePort:            sp.NodePort,
+		HealthCheckNodePort: sp.HealthCheckNodePort,
+		Scheduler:           sp.Scheduler,
+		ExternalPolicyLocal: sp.ExternalPolicyLocal,
+		InternalPolicyLocal: sp.InternalPolicyLocal,
+		AffinityTimeout:     sp.AffinityTimeout,
+		ID:                  portID(sp),
+		table:               c.t,
+	}
+	if sp.AffinityTimeout > 0 {
+		p.affinitySec = uint32(min(max(sp.AffinityTimeout/time.Second, 1), 1<<31))
+	}
+	// A service has the families of its cluster IPs (kube-proxy runs one
+	// proxy per family and gives each only the services of its family);
+	// a port without cluster IPs, as a static file may describe, gets both.
+	for _, a := range sp.ClusterIPs {
+		p.families[familyOf(a)] = true
+	}
+	if len(sp.ClusterIPs) == 0 {
+		p.families = [2]bool{true, true}
+	}
+	for fam := range 2 {
+		if p.families[fam] {
+			c.categorize(p, sp, fam)
+		}
+	}
+	for _, ep := range sp.Endpoints {
+		if ep.Addr.IsZero() {
+			continue
+		}
+		if ep.Ready && c.isLocal(&ep) {
+			p.LocalReady++
+		}
+		k := Key{Addr: ep.Addr, Port: ep.Port, Proto: sp.Proto}
+		if c.t.backends.insert(k, 0) {
+			c.t.backendKeys = append(c.t.backendKeys, k)
+		}
+	}
+
+	// loadBalancerSourceRanges apply per family, as in kube-proxy: a family
+	// with no range of its own is not restricted. A range holding a node
+	// address also admits the LB IPs as sources, since traffic from the
+	// node to a VIP bound locally comes back with the VIP as source.
+	if len(sp.SourceRanges) > 0 {
+		p.lbIPs = slices.Clone(sp.LoadBalancerIPs)
+	}
+	for _, r := range sp.SourceRanges {
+		pf, ok := prefixFrom(r)
+		if !ok {
+			continue
+		}
+		fam := IPv6
+		if r.Addr().Is4() {
+			fam = IPv4
+		}
+		p.sourceRanges[fam] = append(p.sourceRanges[fam], pf)
+		for i := range c.node.Addresses {
+			if pf.contains(&c.node.Addresses[i]) {
+				p.allowFromNode[fam] = true
+			}
+		}
+	}
+}
+
+// portID names a port across table swaps for session affinity.
+func portID(sp *ServicePort) uint64 {
+	var d xxhash.Digest
+	d.Reset()
+	d.WriteString(sp.Name.Namespace)
+	d.Write([]byte{'/'})
+	d.WriteString(sp.Name.Name)
+	d.Write([]byte{':'})
+	d.WriteString(sp.Name.Port)
+	d.Write([]byte{0, byte(sp.Proto)})
+	if id := d.Sum64(); id != 0 {
+		return id
+	}
+	return 1
+}
+
+func (c *compiler) isLocal(ep *Endpoint) bool {
+	return c.node.Name != "" && ep.NodeName == c.node.Name
+}
+
+// categorize fills the cluster and local sets of one family the way
+// kube-proxy's CategorizeEndpoints does.
+func (c *compiler) categorize(p *Port, sp *ServicePort, fam int) {
+	externallyAccessible := sp.NodePort != 0 || len(sp.ExternalIPs) > 0 || len(sp.LoadBalancerIPs) > 0
+	usesCluster := !sp.InternalPolicyLocal || externallyAccessible
+	usesLocal := sp.InternalPolicyLocal || (sp.ExternalPolicyLocal && externallyAccessible)
+
+	eps := sp.Endpoints
+	inFamily := func(ep *Endpoint) bool { return !ep.Addr.IsZero() && familyOf(ep.Addr) == fam }
+	servingTerminating := func(ep *Endpoint) bool { return ep.Serving && ep.Terminating }
+
+	for i := range eps {
+		if inFamily(&eps[i]) && (eps[i].Ready || servingTerminating(&eps[i])) {
+			p.HasEndpoints[fam] = true
+			break
+		}
+	}
+	if !p.HasEndpoints[fam] {
+		return
+	}
+
+	if usesCluster {
+		byZone := sp.TopologyAware && c.zoneHintsApply(eps, fam)
+		set := c.collect(eps, false, func(ep *Endpoint) bool {
+			return inFamily(ep) && ep.Ready && (!byZone || slices.Contains(ep.ZoneHints, c.node.Zone))
+		})
+		if len(set) == 0 {
+			// No endpoint is ready anywhere (topology is only applied
+			// when one is ready in this zone), so fall back.
+			set = c.collect(eps, true, func(ep *Endpoint) bool {
+				return inFamily(ep) && servingTerminating(ep)
+			})
+		}
+		c.finish(p, &p.Cluster[fam], set)
+	}
+	if usesLocal {
+		set := c.collect(eps, false, func(ep *Endpoint) bool {
+			return inFamily(ep) && ep.Ready && c.isLocal(ep)
+		})
+		if len(set) == 0 {
+			set = c.collect(eps, true, func(ep *Endpoint) bool {
+				return inFamily(ep) && servingTerminating(ep) && c.isLocal(ep)
+			})
+		}
+		c.finish(p, &p.Local[fam], set)
+	}
+}
+
+// zoneHintsApply is kube-proxy's PreferSameZone test: every ready endpoint
+// of the family carries zone hints and at least one is hinted for this
+// node's zone.
+func (c *compiler) zoneHintsApply(eps []Endpoint, fam int) bool {
+	if c.node.Zone == "" {
+		return false
+	}
+	ready, forZone := false, false
+	for i := range eps {
+		ep := &eps[i]
+		if familyOf(ep.Addr) != fam || !ep.Ready {
+			continue
+		}
+		ready = true
+		if len(ep.ZoneHints) == 0 {
+			return false
+		}
+		if slices.Contains(ep.ZoneHints, c.node.Zone) {
+			forZone = true
+		}
+	}
+	return ready && forZone
+}
+
+// collect appends the endpoints that keep passes to the arena and returns
+// them, sorted and without duplicates.
+func (c *compiler) collect(eps []Endpoint, terminating bool, keep func(*Endpoint) bool) []Backend {
+	start := len(c.arena)
+	for i := range eps {
+		ep := &eps[i]
+		if keep(ep) {
+			c.arena = append(c.arena, Backend{Addr: ep.Addr, Port: ep.Port, Local: c.isLocal(ep), Terminating: terminating})
+		}
+	}
+	set := c.arena[start:len(c.arena):len(c.arena)]
+	slices.SortFunc(set, func(a, b Backend) int { return compareBackend(&a, b.Addr, b.Port) })
+	set = slices.CompactFunc(set, func(a, b Backend) bool { return a.Addr == b.Addr && a.Port == b.Port })
+	c.arena = c.arena[:start+len(set)]
+	return set
+}
+
+func (c *compiler) finish(p *Port, s *BackendSet, set []Backend) {
+	s.Backends = set
+	if p.Scheduler != Maglev || len(set) < 2 {
+		return
+	}
+	// Names are the backend's address and port, so a backend keeps its
+	// permutation across rebuilds whatever else changes.
+	if cap(c.names) < len(set) {
+		c.names = make([][]byte, len(set))
+	}
+	names := c.names[:len(set)]
+	buf := make([]byte, 18*len(set))
+	for i := range set {
+		b := buf[18*i : 18*i+18]
+		copy(b, set[i].Addr[:])
+		b[16], b[17] = byte(set[i].Port>>8), byte(set[i].Port)
+		names[i] = b
+	}
+	mt, err := maglev.New(names, maglev.Options{Size: c.maglevSize})
+	if err != nil {
+		// Too many backends for the table: fall back to random choice.
+		c.t.problems = append(c.t.problems, fmt.Sprintf("%v: Maglev: %v; choosing at random", p.Name, err))
+		return
+	}
+	s.maglev = mt
+}
+
+func (c *compiler) frontends(p *Port, sp *ServicePort) {
+	for _, a := range sp.ClusterIPs {
+		c.frontend(p, ClusterIP, a, sp.Port)
+	}
+	if sp.NodePort != 0 {
+		for _, a := range c.node.Addresses {
+			c.frontend(p, NodePort, a, sp.NodePort)
+		}
+	}
+	for _, a := range sp.ExternalIPs {
+		c.frontend(p, ExternalIP, a, sp.Port)
+	}
+	for _, a := range sp.LoadBalancerIPs {
+		c.frontend(p, LoadBalancer, a, sp.Port)
+	}
+}
+
+var emptySet BackendSet
+
+func (c *compiler) frontend(p *Port, kind Kind, addr packet.Addr, port uint16) {
+	fam := familyOf(addr)
+	if addr.IsZero() || !p.families[fam] {
+		return
+	}
+	t := c.t
+	k := Key{Addr: addr, Port: port, Proto: p.Proto}
+	if !t.index.insert(k, len(t.frontends)) {
+		other := &t.frontends[t.index.find(k)]
+		t.problems = append(t.problems, fmt.Sprintf("%v %v %v:%d: already taken by %v %v; ignored",
+			p.Name, kind, addr, port, other.Port.Name, other.Kind))
+		return
+	}
+	t.frontends = append(t.frontends, Frontend{Key: k, Kind: kind, Port: p})
+	f := &t.frontends[len(t.frontends)-1]
+
+	cluster, local := &p.Cluster[fam], &p.Local[fam]
+	switch {
+	case !p.HasEndpoints[fam]:
+		f.verdict, f.backends, f.shortCircuit = Reject, &emptySet, &emptySet
+		return
+	case kind == ClusterIP && p.InternalPolicyLocal:
+		// No short circuit for cluster IPs: local is all there is.
+		f.backends, f.shortCircuit = local, local
+	case kind == ClusterIP || !p.ExternalPolicyLocal:
+		f.backends, f.shortCircuit = cluster, cluster
+	default:
+		// External traffic policy Local. Pods and the node itself reach
+		// the service as if through an external load balancer, which may
+		// pick any node, so they use the cluster list (kube-proxy's
+		// "short-circuit" rules).
+		f.backends, f.shortCircuit = local, cluster
+	}
+	if f.backends.Len() == 0 {
+		f.verdict = Drop
+	}
+}
+
+func compareAddr(a, b *packet.Addr) int { return bytes.Compare(a[:], b[:]) }
+
+func compareBackend(b *Backend, addr packet.Addr, port uint16) int {
+	if c := compareAddr(&b.Addr, &addr); c != 0 {
+		return c
+	}
+	return cmp.Compare(b.Port, port)
+}

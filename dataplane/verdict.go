@@ -1,0 +1,47 @@
+package dataplane
+
+import "github.com/xdproxy/xdproxy/dataplane/packet"
+
+// Action is what a worker does with a frame after Process.
+type Action uint8
+
+const (
+	// Drop releases the frame; Verdict.Reason says why.
+	Drop Action = iota
+	// Pass hands the frame to the kernel's exception path. The XDP
+	// program only redirects frames xdproxy owns, so this is rare (a table
+	// changed between the XDP lookup and ours, a fragment we never saw the
+	// head of).
+	Pass
+	// Forward transmits the rewritten frame toward Verdict.NextHop.
+	Forward
+	// Reply transmits a reply built in place (TCP reset, ICMP
+	// unreachable) back toward the sender, Verdict.Len bytes long.
+	Reply
+)
+
+func (a Action) String() string {
+	switch a {
+	case Drop:
+		return "drop"
+	case Pass:
+		return "pass"
+	case Forward:
+		return "forward"
+	case Reply:
+		return "reply"
+	}
+	return "unknown"
+}
+
+// Verdict is the result of processing one frame.
+type Verdict struct {
+	Action Action
+	Reason packet.Reason
+	// NextHop is the destination to route the frame to: the translated
+	// destination address for Forward, the original source for Reply.
+	NextHop packet.Addr
+	// Len is the frame's length after processing (a reply may be longer
+	// or shorter than the frame it answers).
+	Len int
+}

@@ -1,0 +1,193 @@
+package conntrack
+
+import (
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/xdproxy/xdproxy/dataplane/packet"
+)
+
+// Flow i of the concurrency test is fully determined by i, so any answer
+// from Lookup can be checked: a torn entry or a wrong flow cannot pass.
+func dnatOrig(i int) packet.Tuple {
+	return tup(packet.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)}), uint16(1024+i%50000), frontend, 53, packet.ProtoUDP)
+}
+
+func dnatBackend(i int) packet.Addr { return packet.AddrFrom4([4]byte{198, 19, 1, byte(i % 5)}) }
+
+func dnatTranslated(i int) packet.Tuple {
+	o := dnatOrig(i)
+	return tup(o.Src, o.SrcPort, dnatBackend(i), uint16(5300+i%7), packet.ProtoUDP)
+}
+
+// snatOrig flows go through InsertSNAT, so their port is only known from
+// the original direction's answer.
+func snatOrig(i int) packet.Tuple {
+	return tup(packet.AddrFrom4([4]byte{198, 18, 200 + byte(i>>8), byte(i)}), 40000, frontend, 80, packet.ProtoTCP)
+}
+
+func junkOrig(j int) packet.Tuple {
+	return tup(packet.AddrFrom4([4]byte{198, 19, 128 + byte(j>>16), byte(j >> 8)}), uint16(j), frontend, 9, packet.ProtoUDP)
+}
+
+func junkTranslated(j int) packet.Tuple {
+	o := junkOrig(j)
+	return tup(o.Src, o.SrcPort, backend2, 9, packet.ProtoUDP)
+}
+
+func TestConcurrentWorkers(t *testing.T) {
+	const flows = 1500 // per family; they fit, the flood below makes the table overflow
+	iters := 60000
+	if testing.Short() {
+		iters = 10000
+	}
+	tb := newTable(t, Config{Capacity: 4096, EvictionWindow: 16,
+		Timeouts: Timeouts{UDPUnreplied: 2 * time.Second, UDPReplied: 5 * time.Second, TCPSynSent: 3 * time.Second}})
+	snatPorts := PortRange{First: 30000, Last: 39999}
+	var clock atomic.Int64
+	var failed atomic.Bool
+	fail := func(format string, args ...any) {
+		if failed.CompareAndSwap(false, true) {
+			t.Errorf(format, args...)
+		}
+	}
+	var lookups, hits atomic.Int64
+
+	checkDNAT := func(i int, now int64, rng *rand.Rand) {
+		o, tr := dnatOrig(i), dnatTranslated(i)
+		tu, wantDir, want := o, Original, tr
+		if rng.IntN(2) == 0 {
+			tu, wantDir, want = tr.Reverse(), Reply, o.Reverse()
+		}
+		lookups.Add(1)
+		f, d, ok := tb.Lookup(tu, now)
+		if !ok {
+			return
+		}
+		hits.Add(1)
+		if d != wantDir || f.Rewrite != want || f.ServiceID != uint32(i) || f.Flags != DNAT {
+			fail("lookup %v: dir %v flow %+v, want dir %v rewrite %v service %d", tu, d, f, wantDir, want, i)
+		}
+		tb.Update(f.Handle, d, 0, now)
+	}
+	checkSNAT := func(i int, now int64) {
+		o := snatOrig(i)
+		lookups.Add(1)
+		f, d, ok := tb.Lookup(o, now)
+		if !ok {
+			return
+		}
+		hits.Add(1)
+		tr := f.Rewrite
+		if d != Original || f.ServiceID != uint32(1<<20|i) || f.Flags != DNAT|SNAT ||
+			tr.Src != snatAddr || tr.Dst != backend || tr.DstPort != 8080 || tr.SrcPort < snatPorts.First || tr.SrcPort > snatPorts.Last {
+			fail("snat lookup %v: dir %v flow %+v", o, d, f)
+		}
+		tb.Update(f.Handle, Original, packet.TCPSyn, now)
+		f, d, ok = tb.Lookup(tr.Reverse(), now)
+		if ok && (d != Reply || f.Rewrite != o.Reverse() || f.ServiceID != uint32(1<<20|i)) {
+			fail("snat reply lookup %v: dir %v flow %+v, want rewrite %v", tr.Reverse(), d, f, o.Reverse())
+		}
+		if ok {
+			tb.Update(f.Handle, Reply, packet.TCPSyn|packet.TCPAck, now)
+		}
+	}
+
+	var wg sync.WaitGroup
+	worker := func(seed uint64, body func(rng *rand.Rand)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(seed, seed*7))
+			for range iters {
+				if failed.Load() {
+					return
+				}
+				body(rng)
+			}
+		}()
+	}
+	for w := range 2 { // inserters
+		worker(uint64(10+w), func(rng *rand.Rand) {
+			i, now := rng.IntN(flows), clock.Load()
+			if rng.IntN(2) == 0 {
+				if _, res := tb.Insert(dnatOrig(i), dnatTranslated(i), DNAT, uint32(i), now); res == ReplyExists || res == NoSNATPort {
+					fail("dnat insert %d: %v", i, res)
+				}
+			} else {
+				if _, _, res := tb.InsertSNAT(snatOrig(i), tup(snatAddr, 0, backend, 8080, packet.ProtoTCP), DNAT, uint32(1<<20|i), snatPorts, now); res == ReplyExists || res == NoSNATPort {
+					fail("snat insert %d: %v", i, res)
+				}
+			}
+		})
+	}
+	for w := range 3 { // per-packet workers, each handling both directions
+		worker(uint64(20+w), func(rng *rand.Rand) {
+			i, now := rng.IntN(flows), clock.Load()
+			if rng.IntN(2) == 0 {
+				checkDNAT(i, now, rng)
+			} else {
+				checkSNAT(i, now)
+			}
+			tb.Sweep(8, now)
+		})
+	}
+	worker(30, func(rng *rand.Rand) { // the clock, and a sweeper
+		now := clock.Add(int64(100 * time.Microsecond))
+		tb.Sweep(64, now)
+	})
+	var junk atomic.Int64
+	worker(50, func(rng *rand.Rand) { // a flood of flows that are never answered
+		if rng.IntN(4) == 0 {
+			j := int(junk.Add(1))
+			tb.Insert(junkOrig(j), junkTranslated(j), 0, uint32(1<<21|j), clock.Load())
+		}
+	})
+	worker(40, func(rng *rand.Rand) { // deleter: flows, and now and then a backend
+		i, now := rng.IntN(flows), clock.Load()
+		if f, _, ok := tb.Lookup(dnatOrig(i), now); ok {
+			tb.Delete(f.Handle)
+		}
+		if rng.IntN(5000) == 0 {
+			tb.DeleteByBackend(dnatBackend(i), 0, packet.ProtoUDP)
+		}
+	})
+	wg.Wait()
+	if failed.Load() {
+		return
+	}
+
+	// Quiescent now: the slab, the index and the counters must agree.
+	st := tb.Stats()
+	n := 0
+	for fi := range tb.All(0) {
+		n++
+		if fi.ServiceID&(1<<21) != 0 {
+			if j := int(fi.ServiceID &^ (1 << 21)); fi.Orig != junkOrig(j) || fi.Translated != junkTranslated(j) {
+				t.Errorf("entry %+v is not junk flow %d", fi, j)
+			}
+		} else if fi.ServiceID&(1<<20) == 0 {
+			i := int(fi.ServiceID)
+			if fi.Orig != dnatOrig(i) || fi.Translated != dnatTranslated(i) {
+				t.Errorf("entry %+v is not flow %d", fi, i)
+			}
+		} else if fi.Orig != snatOrig(int(fi.ServiceID&^(1<<20))) {
+			t.Errorf("entry %+v is not SNAT flow %d", fi, fi.ServiceID&^(1<<20))
+		}
+		for _, k := range []packet.Tuple{fi.Orig, fi.Reply()} {
+			if f, _, ok := tb.Lookup(k, 0); !ok || f.Handle != fi.Handle {
+				t.Errorf("key %v of %+v not indexed", k, fi)
+			}
+		}
+	}
+	if uint64(n) != st.Live {
+		t.Errorf("All yields %d flows, Live is %d", n, st.Live)
+	}
+	t.Logf("%d lookups, %d hits; stats %+v", lookups.Load(), hits.Load(), st)
+	if hits.Load() == 0 || st.Expired == 0 || st.Deleted == 0 || st.EvictedExpired+st.EvictedUnreplied == 0 {
+		t.Errorf("the test did not exercise every path: %+v", st)
+	}
+}

@@ -1,0 +1,175 @@
+package conntrack
+
+import (
+	"iter"
+	"time"
+
+	"github.com/xdproxy/xdproxy/dataplane/packet"
+)
+
+// FlowInfo is a copy of one entry, for the admin CLI and for tests.
+type FlowInfo struct {
+	Handle     Handle
+	Orig       packet.Tuple // as received: client -> frontend
+	Translated packet.Tuple // as sent on: to the backend
+	Flags      Flags
+	ServiceID  uint32
+	State      State
+	SeenReply  bool
+	Created    time.Duration // since the clock's zero, ms precision
+	Expires    time.Duration
+}
+
+// Reply is the tuple reply packets arrive with.
+func (f *FlowInfo) Reply() packet.Tuple { return f.Translated.Reverse() }
+
+// readInfo copies entry idx, retrying while a writer holds it. It also
+// returns the timer it read, for a removal that must not hit a newer flow.
+func (t *Table) readInfo(idx uint32) (FlowInfo, uint64, bool) {
+	e := &t.entries[idx]
+	for range 16 {
+		s1 := e.seq.Load()
+		if s1&1 != 0 {
+			continue
+		}
+		tm := e.timer.Load()
+		if timerState(tm) == StateFree {
+			return FlowInfo{}, 0, false
+		}
+		var o, r key
+		for i := range keyWords {
+			o[i] = e.orig[i].Load()
+			r[i] = e.reply[i].Load()
+		}
+		meta := e.meta.Load()
+		created := e.created.Load()
+		if e.seq.Load() != s1 {
+			continue
+		}
+		return FlowInfo{
+			Handle:     Handle{idx: idx + 1, gen: uint16(s1 >> 1)},
+			Orig:       o.tuple(),
+			Translated: r.tuple().Reverse(),
+			Flags:      Flags(meta >> 32),
+			ServiceID:  uint32(meta),
+			State:      timerState(tm),
+			SeenReply:  timerStatus(tm)&statusSeenReply != 0,
+			Created:    time.Duration(created) * time.Millisecond,
+			Expires:    time.Duration(timerDeadline(tm)) * time.Millisecond,
+		}, tm, true
+	}
+	return FlowInfo{}, 0, false
+}
+
+// All yields every flow that has not expired at now. It scans the whole
+// slab without locks; flows inserted or removed during the scan may or may
+// not be seen.
+func (t *Table) All(now int64) iter.Seq[FlowInfo] {
+	nowMs := msOf(now)
+	return func(yield func(FlowInfo) bool) {
+		for idx := range uint32(len(t.entries)) {
+			fi, tm, ok := t.readInfo(idx)
+			if !ok || timerDeadline(tm) <= nowMs {
+				continue
+			}
+			if !yield(fi) {
+				return
+			}
+		}
+	}
+}
+
+// CountByState counts the flows that have not expired at now, per state.
+func (t *Table) CountByState(now int64) [NumStates]int {
+	var c [NumStates]int
+	nowMs := msOf(now)
+	for i := range t.entries {
+		tm := t.entries[i].timer.Load()
+		if s := timerState(tm); s != StateFree && timerDeadline(tm) > nowMs {
+			c[s]++
+		}
+	}
+	return c
+}
+
+// DeleteIf removes every flow for which match returns true and returns how
+// many it removed. It scans the whole table: a control-plane operation.
+func (t *Table) DeleteIf(match func(*FlowInfo) bool) int {
+	n := 0
+	for idx := range uint32(len(t.entries)) {
+		fi, tm, ok := t.readInfo(idx)
+		if !ok || !match(&fi) {
+			continue
+		}
+		if t.remove(idx, tm) {
+			t.ownerOf(idx).c.deleted.Add(1)
+			n++
+		}
+	}
+	return n
+}
+
+// DeleteByBackend removes the flows translated to backend addr:port over
+// proto; port 0 matches every port and proto 0 every protocol. Call it when
+// an endpoint goes away, so that UDP flows, which never end by themselves
+// while the client keeps sending, move to a live endpoint.
+func (t *Table) DeleteByBackend(addr packet.Addr, port uint16, proto packet.Proto) int {
+	return t.DeleteIf(func(f *FlowInfo) bool {
+		d := &f.Translated
+		return d.Dst == addr && (port == 0 || d.DstPort == port) && (proto == 0 || d.Proto == proto)
+	})
+}
+
+// Stats are the table's counters since New.
+type Stats struct {
+	Live              uint64 // flows in the table, expired ones not yet swept included
+	Inserts           uint64
+	OrigExists        uint64 // inserts refused: the original tuple was taken
+	ReplyExists       uint64 // inserts refused: the reply tuple was taken
+	FullDrops         uint64 // inserts refused: DropConntrackFull
+	IndexFull         uint64 // of FullDrops, those where the shard's index had no room
+	EvictedExpired    uint64 // entries reused by an insert into a full shard because they had expired
+	EvictedUnreplied  uint64 // live unreplied entries dropped to make room (early drop)
+	Expired           uint64 // removed by Sweep
+	ExpiredOnInsert   uint64 // expired flows removed because a new flow needed their key
+	Deleted           uint64 // removed by Delete, DeleteIf or DeleteByBackend
+	IndexRebuilds     uint64
+	SNATRetries       uint64 // ports tried beyond the first
+	SNATExhausted     uint64 // InsertSNAT calls that found no port
+	FragsRemembered   uint64
+	FragsEvicted      uint64 // live fragment translations overwritten
+	FragsWriterBusy   uint64 // RememberFragment calls that lost to a concurrent writer
+	Capacity          uint64
+	Shards            uint64
+	IndexSlotsPerShrd uint64
+}
+
+// Stats sums the counters. It reads atomics only.
+func (t *Table) Stats() Stats {
+	var s Stats
+	for i := range t.shards {
+		sh := &t.shards[i]
+		c := &sh.c
+		s.Live += uint64(sh.live.Load())
+		s.Inserts += c.inserts.Load()
+		s.OrigExists += c.origExists.Load()
+		s.ReplyExists += c.replyExists.Load()
+		s.FullDrops += c.full.Load()
+		s.IndexFull += c.indexFull.Load()
+		s.EvictedExpired += c.evictedExpired.Load()
+		s.EvictedUnreplied += c.evictedUnreplied.Load()
+		s.Expired += c.expired.Load()
+		s.ExpiredOnInsert += c.expiredOnInsert.Load()
+		s.Deleted += c.deleted.Load()
+		s.IndexRebuilds += c.rebuilds.Load()
+	}
+	s.SNATRetries = t.snatTries.Load()
+	s.SNATExhausted = t.snatFails.Load()
+	s.FragsRemembered = t.frags.remembered.Load()
+	s.FragsEvicted = t.frags.evicted.Load()
+	s.FragsWriterBusy = t.frags.busy.Load()
+	s.Capacity = uint64(len(t.entries))
+	s.Shards = uint64(len(t.shards))
+	s.IndexSlotsPerShrd = uint64(len(t.shards[0].index.Load().slots))
+	return s
+}

@@ -1,0 +1,787 @@
+package conntrack
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/xdproxy/xdproxy/dataplane/packet"
+)
+
+// Flags say which translations a flow applies.
+type Flags uint8
+
+const (
+	DNAT Flags = 1 << iota // the destination was rewritten (frontend -> backend)
+	SNAT                   // the source was rewritten (client -> SNAT address and port)
+)
+
+// MaxCapacity is the largest table New accepts.
+const MaxCapacity = 1 << 28
+
+// Config sizes a Table. Zero fields take defaults.
+type Config struct {
+	// Capacity is the number of flows the table holds. It is rounded up
+	// to a multiple of the number of shards.
+	Capacity int
+	Timeouts Timeouts
+	// EvictionWindow is how many entries an insert into a full shard
+	// inspects for an expired or unreplied victim. Default 64.
+	EvictionWindow int
+	// FragmentCapacity is the number of fragment translations remembered.
+	// Default 4096.
+	FragmentCapacity int
+	// FragmentTimeout is how long a fragment translation is kept.
+	// Default 30s, the kernel's reassembly timeout (ipfrag_time).
+	FragmentTimeout time.Duration
+	// Seed keys the hash; 0 picks a random one.
+	Seed uint64
+}
+
+// Handle names one lifetime of one entry. It is meant to be used right
+// after the Lookup or Insert that returned it: an entry's generation has 16
+// bits, so a handle kept while its entry is reused 65536 times could name
+// the wrong flow. The zero Handle names nothing.
+type Handle struct {
+	idx uint32 // entry index + 1
+	gen uint16
+}
+
+// Flow is what a packet needs from its tracked connection.
+type Flow struct {
+	Handle Handle
+	// Rewrite is the tuple the packet must carry after translation in the
+	// direction it was looked up in: the translated tuple for Original, the
+	// reverse of the original tuple for Reply.
+	Rewrite   packet.Tuple
+	Flags     Flags
+	ServiceID uint32
+	State     State
+}
+
+// InsertResult says whether Insert stored the flow.
+type InsertResult uint8
+
+const (
+	Inserted    InsertResult = iota
+	OrigExists               // a flow with this original tuple exists: look it up instead
+	ReplyExists              // the reply tuple is taken: pick another SNAT port
+	Full                     // no room and nothing could be evicted
+	NoSNATPort               // InsertSNAT found no free port
+)
+
+func (r InsertResult) String() string {
+	switch r {
+	case Inserted:
+		return "inserted"
+	case OrigExists:
+		return "orig_exists"
+	case ReplyExists:
+		return "reply_exists"
+	case Full:
+		return "full"
+	case NoSNATPort:
+		return "no_snat_port"
+	}
+	return "unknown"
+}
+
+// Reason maps a failed insert to the dataplane's drop reason. OrigExists
+// normally means another worker inserted the same flow first; a caller that
+// does not look it up again drops the packet as DropInvalidState.
+func (r InsertResult) Reason() packet.Reason {
+	switch r {
+	case Inserted:
+		return packet.OK
+	case ReplyExists, NoSNATPort:
+		return packet.DropNoSNATPort
+	case Full:
+		return packet.DropConntrackFull
+	}
+	return packet.DropInvalidState
+}
+
+// entry is one flow, 128 bytes: two cache lines, aligned because the slab is
+// a large allocation. Every field is an atomic word so that lock-free
+// readers racing with writers are well defined (see doc.go).
+type entry struct {
+	seq   atomic.Uint64 // even: stable; odd: being written; +2 per insert
+	timer atomic.Uint64 // state, status, generation, deadline (packTimer)
+	meta  atomic.Uint64 // service id (bits 0-31), flags (bits 32-39)
+	orig  [keyWords]atomic.Uint64
+	reply [keyWords]atomic.Uint64
+	// created is the insert time in ms while the entry is live and the
+	// next free entry (+1) while it is free.
+	created   atomic.Uint64
+	hashOrig  atomic.Uint64
+	hashReply atomic.Uint64
+}
+
+// Timer word layout.
+const (
+	stateMask      = 0xf
+	statusShift    = 4
+	statusMask     = 0x3
+	genShift       = 6
+	deadlineShift  = 22
+	deadlineMaxMs  = 1<<(64-deadlineShift) - 1
+	timerFree      = 0 // StateFree, the value of a free entry's timer
+	tagShift       = 33
+	shardShift     = 26
+	maxShardBits   = 6
+	maxShardSlots  = 1 << shardShift
+	slotEmpty      = 0
+	slotTombstone  = 1 << 32 // entry field zero, so never a live slot
+	slotDirReply   = 1 << 32
+	defaultWindow  = 64
+	indexLoadNum   = 3 // an index shard is full at 3/4 occupied slots
+	indexLoadDen   = 4
+	slotsPerEntry  = 4 // two keys per entry, so at most half the slots hold live keys on average
+	entriesPerShrd = 4096
+)
+
+func packTimer(s State, status uint8, gen uint16, deadlineMs uint64) uint64 {
+	return uint64(s) | uint64(status)<<statusShift | uint64(gen)<<genShift | (deadlineMs&deadlineMaxMs)<<deadlineShift
+}
+
+func timerState(t uint64) State     { return State(t & stateMask) }
+func timerStatus(t uint64) uint8    { return uint8(t>>statusShift) & statusMask }
+func timerGen(t uint64) uint16      { return uint16(t >> genShift) }
+func timerDeadline(t uint64) uint64 { return t >> deadlineShift }
+
+func msOf(now int64) uint64 {
+	if now < 0 {
+		return 0
+	}
+	return uint64(now) / uint64(time.Millisecond)
+}
+
+// slotArray is one shard's open-addressing index. The array itself never
+// changes size; a rebuild publishes a new one.
+type slotArray struct {
+	slots []atomic.Uint64
+	mask  uint64
+}
+
+// shard owns a contiguous range of entries and one index. Its lock orders
+// inserts and removals; lookups never take it.
+type shard struct {
+	mu    sync.Mutex
+	index atomic.Pointer[slotArray]
+	id    int
+	first uint32 // entries [first, first+count) belong to this shard
+	count uint32
+	// Guarded by mu.
+	freeHead    uint32 // free entry + 1, 0 when none
+	unused      uint32 // entries [first+unused, first+count) were never used
+	evictCursor uint32
+	used        int // non-empty slots: live and tombstones
+	tombs       int
+	live        atomic.Int64
+	c           shardCounters
+	_           [64]byte
+}
+
+type shardCounters struct {
+	inserts, origExists, replyExists, full, indexFull          atomic.Uint64
+	evictedExpired, evictedUnreplied, expired, expiredOnInsert atomic.Uint64
+	deleted, rebuilds                                          atomic.Uint64
+}
+
+// Table is the connection table. All methods are safe for concurrent use.
+type Table struct {
+	entries   []entry
+	shards    []shard
+	shardMask uint64
+	perShard  uint32
+	seed      key
+	timeout   [NumStates]uint64 // ms
+	slack     [NumStates]uint64 // ms
+	window    int
+
+	sweepCursor atomic.Uint64
+	_           [56]byte
+	snatTries   atomic.Uint64
+	snatFails   atomic.Uint64
+
+	frags *fragmentTable
+}
+
+// New allocates a table for cfg.Capacity flows.
+func New(cfg Config) (*Table, error) {
+	if cfg.Capacity <= 0 || cfg.Capacity > MaxCapacity {
+		return nil, fmt.Errorf("conntrack: capacity %d outside 1..%d", cfg.Capacity, MaxCapacity)
+	}
+	if cfg.EvictionWindow < 0 || cfg.FragmentCapacity < 0 || cfg.FragmentTimeout < 0 {
+		return nil, errors.New("conntrack: negative eviction window, fragment capacity or fragment timeout")
+	}
+	nShards := 1
+	for nShards < 1<<maxShardBits && nShards*2*entriesPerShrd <= cfg.Capacity {
+		nShards *= 2
+	}
+	perShard := (cfg.Capacity + nShards - 1) / nShards
+	nSlots := 1 << bits.Len(uint(perShard*slotsPerEntry-1))
+	if nSlots < 16 {
+		nSlots = 16
+	}
+	if nSlots > maxShardSlots {
+		return nil, fmt.Errorf("conntrack: capacity %d needs %d index slots per shard, more than %d", cfg.Capacity, nSlots, maxShardSlots)
+	}
+	t := &Table{
+		entries:   make([]entry, perShard*nShards),
+		shards:    make([]shard, nShards),
+		shardMask: uint64(nShards - 1),
+		perShard:  uint32(perShard),
+		window:    cfg.EvictionWindow,
+	}
+	if t.window == 0 {
+		t.window = defaultWindow
+	}
+	to := cfg.Timeouts.withDefaults()
+	t.timeout = to.byState()
+	for s := range t.slack {
+		// Skipping refreshes smaller than this keeps established flows
+		// from writing their entry on every packet.
+		t.slack[s] = min(1000, t.timeout[s]/16)
+	}
+	seed := cfg.Seed
+	if seed == 0 {
+		seed = rand.Uint64() | 1
+	}
+	for i := range t.seed {
+		seed = seed*0x9e3779b97f4a7c15 + uint64(i)
+		t.seed[i] = seed ^ seed>>29
+	}
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.id = i
+		sh.first = uint32(i * perShard)
+		sh.count = uint32(perShard)
+		sh.index.Store(newSlotArray(nSlots))
+	}
+	fragCap := cfg.FragmentCapacity
+	if fragCap == 0 {
+		fragCap = 4096
+	}
+	fragTimeout := cfg.FragmentTimeout
+	if fragTimeout == 0 {
+		fragTimeout = 30 * time.Second
+	}
+	t.frags = newFragmentTable(fragCap, fragTimeout, t.seed)
+	return t, nil
+}
+
+func newSlotArray(n int) *slotArray {
+	return &slotArray{slots: make([]atomic.Uint64, n), mask: uint64(n - 1)}
+}
+
+// Capacity is the number of flows the table holds.
+func (t *Table) Capacity() int { return len(t.entries) }
+
+func (t *Table) shardOf(h uint64) *shard { return &t.shards[(h>>shardShift)&t.shardMask] }
+
+func (t *Table) ownerOf(idx uint32) *shard { return &t.shards[idx/t.perShard] }
+
+// Lookup finds the flow that tuple tu belongs to, in either direction. It
+// never locks and never allocates. An expired flow is not returned.
+func (t *Table) Lookup(tu packet.Tuple, now int64) (Flow, Direction, bool) {
+	k := packKey(&tu)
+	h := hashKey(&k, &t.seed)
+	arr := t.shardOf(h).index.Load()
+	nowMs := msOf(now)
+	tag := h >> tagShift
+	pos := h & arr.mask
+	for n := uint64(0); n <= arr.mask; n++ {
+		s := arr.slots[pos].Load()
+		if s == slotEmpty {
+			break
+		}
+		if s>>tagShift == tag && uint32(s) != 0 {
+			dir := Original
+			if s&slotDirReply != 0 {
+				dir = Reply
+			}
+			var f Flow
+			if t.readFlow(uint32(s)-1, dir, &k, nowMs, &f) {
+				return f, dir, true
+			}
+		}
+		pos = (pos + 1) & arr.mask
+	}
+	return Flow{}, Original, false
+}
+
+// readFlow reads entry idx under its seqlock and fills f if the entry holds
+// k in direction dir and has not expired.
+func (t *Table) readFlow(idx uint32, dir Direction, k *key, nowMs uint64, f *Flow) bool {
+	e := &t.entries[idx]
+	s1 := e.seq.Load()
+	if s1&1 != 0 {
+		// Being rewritten: the entry is between two lifetimes, and
+		// neither holds a published key at this moment.
+		return false
+	}
+	mine, other := &e.orig, &e.reply
+	if dir == Reply {
+		mine, other = other, mine
+	}
+	for i := range keyWords {
+		if mine[i].Load() != k[i] {
+			return false
+		}
+	}
+	var o key
+	for i := range keyWords {
+		o[i] = other[i].Load()
+	}
+	meta := e.meta.Load()
+	tm := e.timer.Load()
+	if e.seq.Load() != s1 {
+		return false
+	}
+	st := timerState(tm)
+	if st == StateFree || timerDeadline(tm) <= nowMs {
+		return false
+	}
+	*f = Flow{
+		Handle:    Handle{idx: idx + 1, gen: uint16(s1 >> 1)},
+		Rewrite:   o.tuple().Reverse(),
+		Flags:     Flags(meta >> 32),
+		ServiceID: uint32(meta),
+		State:     st,
+	}
+	return true
+}
+
+// Update runs the state machine for a packet of the flow h in direction dir
+// and refreshes its timeout. It returns the new state, or false if the flow
+// is gone. It is one atomic load and at most one compare-and-swap; when
+// neither the state changes nor the deadline moves by more than
+// min(1s, timeout/16) it writes nothing, so a busy flow does not bounce its
+// cache line between the CPUs of its two directions.
+func (t *Table) Update(h Handle, dir Direction, tcpFlags uint8, now int64) (State, bool) {
+	if h.idx == 0 || h.idx > uint32(len(t.entries)) {
+		return StateFree, false
+	}
+	e := &t.entries[h.idx-1]
+	nowMs := msOf(now)
+	for {
+		old := e.timer.Load()
+		s := timerState(old)
+		if s == StateFree || timerGen(old) != h.gen {
+			return StateFree, false
+		}
+		st := timerStatus(old)
+		ns, nst := next(s, st, dir, tcpFlags)
+		dl := nowMs + t.timeout[ns]
+		if ns == s && nst == st && dl < timerDeadline(old)+t.slack[ns] {
+			return s, true
+		}
+		if e.timer.CompareAndSwap(old, packTimer(ns, nst, h.gen, dl)) {
+			return ns, true
+		}
+	}
+}
+
+// Insert stores a new flow: orig is the tuple as received, translated the
+// tuple as sent on. Both orig and the reply tuple (translated reversed)
+// become keys; Insert fails if either is taken by a live flow. It takes the
+// locks of the (at most two) shards the keys hash to, never allocates, and
+// evicts by the policy in doc.go when the shard is full.
+//
+// A TCP flow starts in TCPNone: call Update with the first packet's flags.
+func (t *Table) Insert(orig, translated packet.Tuple, flags Flags, serviceID uint32, now int64) (Handle, InsertResult) {
+	ko := packKey(&orig)
+	reply := translated.Reverse()
+	kr := packKey(&reply)
+	ho := hashKey(&ko, &t.seed)
+	if ko == kr {
+		t.shardOf(ho).c.replyExists.Add(1)
+		return Handle{}, ReplyExists
+	}
+	hr := hashKey(&kr, &t.seed)
+	nowMs := msOf(now)
+	meta := uint64(serviceID) | uint64(flags)<<32
+	st := initialState(orig.Proto)
+	for attempt := 0; ; attempt++ {
+		h, res, staleIdx, staleTimer := t.tryInsert(&ko, &kr, ho, hr, meta, st, nowMs)
+		if staleIdx == 0 {
+			return h, res
+		}
+		if attempt == 3 {
+			t.countExists(ho, res)
+			return h, res
+		}
+		// An expired flow not yet swept holds one of the keys: remove it
+		// with its own locks, then try again.
+		if t.remove(staleIdx-1, staleTimer) {
+			t.ownerOf(staleIdx - 1).c.expiredOnInsert.Add(1)
+		}
+	}
+}
+
+// tryInsert inserts under the shard locks. If an expired flow holds a key,
+// it returns that entry (+1) and its timer instead.
+func (t *Table) tryInsert(ko, kr *key, ho, hr, meta uint64, st State, nowMs uint64) (Handle, InsertResult, uint32, uint64) {
+	so, sr := t.shardOf(ho), t.shardOf(hr)
+	lockPair(so, sr)
+	defer unlockPair(so, sr)
+
+	for i, k := range [2]*key{ko, kr} {
+		sh, h := so, ho
+		if i == 1 {
+			sh, h = sr, hr
+		}
+		if idx, ok := t.findLocked(sh.index.Load(), k, h); ok {
+			res := OrigExists
+			if i == 1 {
+				res = ReplyExists
+			}
+			if tm := t.entries[idx].timer.Load(); timerDeadline(tm) <= nowMs {
+				return Handle{}, res, idx + 1, tm
+			}
+			if res == OrigExists {
+				so.c.origExists.Add(1)
+			} else {
+				so.c.replyExists.Add(1)
+			}
+			return Handle{}, res, 0, 0
+		}
+	}
+	need := 1
+	if so == sr {
+		need = 2
+	}
+	if !t.roomInIndex(so, need) || (so != sr && !t.roomInIndex(sr, 1)) {
+		so.c.indexFull.Add(1)
+		so.c.full.Add(1)
+		return Handle{}, Full, 0, 0
+	}
+	idx, ok := so.allocLocked(t)
+	if !ok {
+		if idx, ok = t.evictLocked(so, sr, nowMs); !ok {
+			so.c.full.Add(1)
+			return Handle{}, Full, 0, 0
+		}
+	}
+	e := &t.entries[idx]
+	seq := e.seq.Load()
+	e.seq.Store(seq + 1)
+	for i := range keyWords {
+		e.orig[i].Store(ko[i])
+		e.reply[i].Store(kr[i])
+	}
+	e.meta.Store(meta)
+	e.created.Store(nowMs)
+	e.hashOrig.Store(ho)
+	e.hashReply.Store(hr)
+	gen := uint16((seq + 2) >> 1)
+	e.timer.Store(packTimer(st, 0, gen, nowMs+t.timeout[st]))
+	e.seq.Store(seq + 2)
+	// Publish the keys only now that the entry is complete.
+	placeLocked(so, ho, ho>>tagShift<<tagShift|uint64(idx+1))
+	placeLocked(sr, hr, hr>>tagShift<<tagShift|slotDirReply|uint64(idx+1))
+	so.live.Add(1)
+	so.c.inserts.Add(1)
+	return Handle{idx: idx + 1, gen: gen}, Inserted, 0, 0
+}
+
+func (t *Table) countExists(ho uint64, res InsertResult) {
+	if res == OrigExists {
+		t.shardOf(ho).c.origExists.Add(1)
+	} else {
+		t.shardOf(ho).c.replyExists.Add(1)
+	}
+}
+
+func lockPair(a, b *shard) {
+	if a == b {
+		a.mu.Lock()
+		return
+	}
+	if a.id > b.id {
+		a, b = b, a
+	}
+	a.mu.Lock()
+	b.mu.Lock()
+}
+
+func unlockPair(a, b *shard) {
+	a.mu.Unlock()
+	if a != b {
+		b.mu.Unlock()
+	}
+}
+
+// findLocked returns the entry holding k in arr, if any.
+func (t *Table) findLocked(arr *slotArray, k *key, h uint64) (uint32, bool) {
+	tag := h >> tagShift
+	pos := h & arr.mask
+	for n := uint64(0); n <= arr.mask; n++ {
+		s := arr.slots[pos].Load()
+		if s == slotEmpty {
+			break
+		}
+		if s>>tagShift == tag && uint32(s) != 0 {
+			idx := uint32(s) - 1
+			e := &t.entries[idx]
+			words := &e.orig
+			if s&slotDirReply != 0 {
+				words = &e.reply
+			}
+			match := true
+			for i := range keyWords {
+				if words[i].Load() != k[i] {
+					match = false
+					break
+				}
+			}
+			if match {
+				return idx, true
+			}
+		}
+		pos = (pos + 1) & arr.mask
+	}
+	return 0, false
+}
+
+// roomInIndex makes sure sh's index can take need more keys, rebuilding it
+// to drop tombstones if that is what fills it.
+func (t *Table) roomInIndex(sh *shard, need int) bool {
+	arr := sh.index.Load()
+	limit := len(arr.slots) * indexLoadNum / indexLoadDen
+	if sh.used+need <= limit {
+		return true
+	}
+	if sh.tombs > 0 {
+		t.rebuildLocked(sh)
+	}
+	return sh.used+need <= limit
+}
+
+// rebuildLocked publishes a copy of sh's index without tombstones. Readers
+// still probing the old array find what it held; entries they reach are
+// validated as always. This allocates, and happens only when tombstones
+// fill a quarter of the slots.
+func (t *Table) rebuildLocked(sh *shard) {
+	old := sh.index.Load()
+	fresh := newSlotArray(len(old.slots))
+	sh.used, sh.tombs = 0, 0
+	for i := range old.slots {
+		s := old.slots[i].Load()
+		if uint32(s) == 0 {
+			continue
+		}
+		e := &t.entries[uint32(s)-1]
+		h := e.hashOrig.Load()
+		if s&slotDirReply != 0 {
+			h = e.hashReply.Load()
+		}
+		pos := h & fresh.mask
+		for fresh.slots[pos].Load() != slotEmpty {
+			pos = (pos + 1) & fresh.mask
+		}
+		fresh.slots[pos].Store(s)
+		sh.used++
+	}
+	sh.index.Store(fresh)
+	sh.c.rebuilds.Add(1)
+}
+
+// placeLocked stores slot value v for hash h in the first empty or
+// tombstone slot of its probe sequence. roomInIndex guaranteed one exists.
+func placeLocked(sh *shard, h, v uint64) {
+	arr := sh.index.Load()
+	pos := h & arr.mask
+	for {
+		switch arr.slots[pos].Load() {
+		case slotEmpty:
+			sh.used++
+			arr.slots[pos].Store(v)
+			return
+		case slotTombstone:
+			sh.tombs--
+			arr.slots[pos].Store(v)
+			return
+		}
+		pos = (pos + 1) & arr.mask
+	}
+}
+
+// unplaceLocked replaces the slot holding v with a tombstone, then turns the
+// run of tombstones before an empty slot back into empty slots: no probe
+// sequence of a live key can pass through them.
+func unplaceLocked(sh *shard, h, v uint64) {
+	arr := sh.index.Load()
+	pos := h & arr.mask
+	for n := uint64(0); ; n++ {
+		if n > arr.mask {
+			panic("conntrack: index slot of a live entry is missing")
+		}
+		if arr.slots[pos].Load() == v {
+			break
+		}
+		pos = (pos + 1) & arr.mask
+	}
+	arr.slots[pos].Store(slotTombstone)
+	sh.tombs++
+	if arr.slots[(pos+1)&arr.mask].Load() != slotEmpty {
+		return
+	}
+	for arr.slots[pos].Load() == slotTombstone {
+		arr.slots[pos].Store(slotEmpty)
+		sh.tombs--
+		sh.used--
+		pos = (pos - 1) & arr.mask
+	}
+}
+
+// allocLocked pops a free entry of sh.
+func (sh *shard) allocLocked(t *Table) (uint32, bool) {
+	if sh.freeHead != 0 {
+		idx := sh.freeHead - 1
+		sh.freeHead = uint32(t.entries[idx].created.Load())
+		return idx, true
+	}
+	if sh.unused < sh.count {
+		idx := sh.first + sh.unused
+		sh.unused++
+		return idx, true
+	}
+	return 0, false
+}
+
+func (sh *shard) freeLocked(t *Table, idx uint32) {
+	t.entries[idx].created.Store(uint64(sh.freeHead))
+	sh.freeHead = idx + 1
+}
+
+// evictLocked frees an entry of the full shard so (sr is also locked): the
+// first expired entry in the next window entries, else the oldest of them
+// that never saw a reply.
+func (t *Table) evictLocked(so, sr *shard, nowMs uint64) (uint32, bool) {
+	var victim uint32
+	var victimTimer, victimCreated uint64
+	found := false
+	for range min(t.window, int(so.count)) {
+		idx := so.first + so.evictCursor
+		so.evictCursor++
+		if so.evictCursor == so.count {
+			so.evictCursor = 0
+		}
+		e := &t.entries[idx]
+		tm := e.timer.Load()
+		if timerState(tm) == StateFree {
+			continue
+		}
+		if timerDeadline(tm) <= nowMs {
+			if t.unlinkLocked(idx, tm, so, sr) {
+				so.c.evictedExpired.Add(1)
+				return idx, true
+			}
+			continue
+		}
+		if timerStatus(tm)&statusSeenReply == 0 {
+			if c := e.created.Load(); !found || c < victimCreated {
+				victim, victimTimer, victimCreated, found = idx, tm, c, true
+			}
+		}
+	}
+	if found && t.unlinkLocked(victim, victimTimer, so, sr) {
+		so.c.evictedUnreplied.Add(1)
+		return victim, true
+	}
+	return 0, false
+}
+
+// unlinkLocked removes entry idx, owned by the locked shard so, if its timer
+// still reads tm. Its reply key may live in a third shard: that one is only
+// tried, never waited for, since so and sr are already held.
+func (t *Table) unlinkLocked(idx uint32, tm uint64, so, sr *shard) bool {
+	e := &t.entries[idx]
+	hr := e.hashReply.Load()
+	vr := t.shardOf(hr)
+	if vr != so && vr != sr {
+		if !vr.mu.TryLock() {
+			return false
+		}
+		defer vr.mu.Unlock()
+	}
+	if !e.timer.CompareAndSwap(tm, timerFree) {
+		return false
+	}
+	ho := e.hashOrig.Load()
+	unplaceLocked(so, ho, ho>>tagShift<<tagShift|uint64(idx+1))
+	unplaceLocked(vr, hr, hr>>tagShift<<tagShift|slotDirReply|uint64(idx+1))
+	so.live.Add(-1)
+	return true
+}
+
+// remove deletes entry idx if its timer still reads tm, taking the locks
+// of both its shards.
+func (t *Table) remove(idx uint32, tm uint64) bool {
+	e := &t.entries[idx]
+	so := t.ownerOf(idx)
+	hr := e.hashReply.Load()
+	sr := t.shardOf(hr)
+	lockPair(so, sr)
+	defer unlockPair(so, sr)
+	// If the entry was reused since tm was read, its generation differs
+	// and the timer cannot match; then hr may belong to the new flow too.
+	if e.timer.Load() != tm || e.hashReply.Load() != hr {
+		return false
+	}
+	if !t.unlinkLocked(idx, tm, so, sr) {
+		return false
+	}
+	so.freeLocked(t, idx)
+	return true
+}
+
+// Delete removes the flow h if it still exists.
+func (t *Table) Delete(h Handle) bool {
+	if h.idx == 0 || h.idx > uint32(len(t.entries)) {
+		return false
+	}
+	idx := h.idx - 1
+	for {
+		tm := t.entries[idx].timer.Load()
+		if timerState(tm) == StateFree || timerGen(tm) != h.gen {
+			return false
+		}
+		if t.remove(idx, tm) {
+			t.ownerOf(idx).c.deleted.Add(1)
+			return true
+		}
+	}
+}
+
+// Sweep inspects the next budget entries of the table, taken from a cursor
+// shared by all callers, and removes those that have expired. Each worker
+// calls it once per batch; it locks only to remove. It returns the number
+// removed.
+func (t *Table) Sweep(budget int, now int64) int {
+	n := uint64(len(t.entries))
+	if budget <= 0 {
+		return 0
+	}
+	b := min(uint64(budget), n)
+	idx := (t.sweepCursor.Add(b) - b) % n
+	nowMs := msOf(now)
+	removed := 0
+	for range b {
+		tm := t.entries[idx].timer.Load()
+		if timerState(tm) != StateFree && timerDeadline(tm) <= nowMs && t.remove(uint32(idx), tm) {
+			t.ownerOf(uint32(idx)).c.expired.Add(1)
+			removed++
+		}
+		if idx++; idx == n {
+			idx = 0
+		}
+	}
+	return removed
+}

@@ -1,0 +1,767 @@
+package conntrack
+
+import (
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/xdproxy/xdproxy/dataplane/packet"
+)
+
+const sec = int64(time.Second)
+
+var (
+	client   = packet.MustParseAddr("198.18.0.10")
+	client2  = packet.MustParseAddr("198.18.0.11")
+	frontend = packet.MustParseAddr("198.18.100.1")
+	backend  = packet.MustParseAddr("198.19.0.5")
+	backend2 = packet.MustParseAddr("198.19.0.6")
+	snatAddr = packet.MustParseAddr("198.18.200.1")
+)
+
+func tup(src packet.Addr, sport uint16, dst packet.Addr, dport uint16, p packet.Proto) packet.Tuple {
+	return packet.Tuple{Src: src, Dst: dst, SrcPort: sport, DstPort: dport, Proto: p}
+}
+
+func newTable(t testing.TB, cfg Config) *Table {
+	t.Helper()
+	if cfg.Seed == 0 {
+		cfg.Seed = 42
+	}
+	tb, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tb
+}
+
+func mustInsert(t testing.TB, tb *Table, orig, tr packet.Tuple, flags Flags, svc uint32, now int64) Handle {
+	t.Helper()
+	h, res := tb.Insert(orig, tr, flags, svc, now)
+	if res != Inserted {
+		t.Fatalf("Insert(%v -> %v) = %v", orig, tr, res)
+	}
+	return h
+}
+
+func mustLookup(t testing.TB, tb *Table, tu packet.Tuple, now int64) (Flow, Direction) {
+	t.Helper()
+	f, d, ok := tb.Lookup(tu, now)
+	if !ok {
+		t.Fatalf("Lookup(%v) missed", tu)
+	}
+	return f, d
+}
+
+func TestInsertLookupBothDirections(t *testing.T) {
+	tb := newTable(t, Config{Capacity: 64})
+	cases := []struct {
+		name       string
+		orig, tr   packet.Tuple
+		flags      Flags
+		replyTuple packet.Tuple
+	}{
+		{
+			name:       "dnat",
+			orig:       tup(client, 40000, frontend, 80, packet.ProtoTCP),
+			tr:         tup(client, 40000, backend, 8080, packet.ProtoTCP),
+			flags:      DNAT,
+			replyTuple: tup(backend, 8080, client, 40000, packet.ProtoTCP),
+		},
+		{
+			name:       "dnat+snat",
+			orig:       tup(client, 40001, frontend, 53, packet.ProtoUDP),
+			tr:         tup(snatAddr, 33000, backend, 5353, packet.ProtoUDP),
+			flags:      DNAT | SNAT,
+			replyTuple: tup(backend, 5353, snatAddr, 33000, packet.ProtoUDP),
+		},
+		{
+			name:       "ipv6",
+			orig:       tup(packet.MustParseAddr("2001:db8::1"), 1234, packet.MustParseAddr("2001:db8::100"), 443, packet.ProtoTCP),
+			tr:         tup(packet.MustParseAddr("2001:db8::1"), 1234, packet.MustParseAddr("2001:db8:1::5"), 8443, packet.ProtoTCP),
+			flags:      DNAT,
+			replyTuple: tup(packet.MustParseAddr("2001:db8:1::5"), 8443, packet.MustParseAddr("2001:db8::1"), 1234, packet.ProtoTCP),
+		},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			h := mustInsert(t, tb, c.orig, c.tr, c.flags, uint32(100+i), 0)
+			f, d := mustLookup(t, tb, c.orig, sec)
+			if d != Original || f.Rewrite != c.tr || f.Flags != c.flags || f.ServiceID != uint32(100+i) || f.Handle != h {
+				t.Errorf("original: got %+v dir %v, want rewrite %v", f, d, c.tr)
+			}
+			f, d = mustLookup(t, tb, c.replyTuple, sec)
+			if want := c.orig.Reverse(); d != Reply || f.Rewrite != want || f.Handle != h {
+				t.Errorf("reply: got %+v dir %v, want rewrite %v", f, d, want)
+			}
+			// The translated tuple itself is not a key, nor is the
+			// reverse of the original.
+			if c.tr != c.orig {
+				if _, _, ok := tb.Lookup(c.tr, sec); ok {
+					t.Errorf("translated tuple %v found", c.tr)
+				}
+			}
+			if _, _, ok := tb.Lookup(c.orig.Reverse(), sec); ok && c.orig.Reverse() != c.replyTuple {
+				t.Errorf("reverse of the original %v found", c.orig.Reverse())
+			}
+		})
+	}
+	if st := tb.Stats(); st.Inserts != 3 || st.Live != 3 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+func TestInsertRefusesTakenKeys(t *testing.T) {
+	tb := newTable(t, Config{Capacity: 64})
+	orig := tup(client, 40000, frontend, 80, packet.ProtoTCP)
+	tr := tup(client, 40000, backend, 8080, packet.ProtoTCP)
+	mustInsert(t, tb, orig, tr, DNAT, 1, 0)
+	if _, res := tb.Insert(orig, tup(client, 40000, backend2, 8080, packet.ProtoTCP), DNAT, 1, 0); res != OrigExists {
+		t.Errorf("same original: %v, want OrigExists", res)
+	}
+	// Another frontend leading to the same backend with the same client
+	// port: the reply tuple would be ambiguous.
+	other := tup(client, 40000, packet.MustParseAddr("198.18.100.2"), 80, packet.ProtoTCP)
+	if _, res := tb.Insert(other, tr, DNAT, 2, 0); res != ReplyExists {
+		t.Errorf("same reply: %v, want ReplyExists", res)
+	}
+	// A reply tuple equal to an existing original key is also refused.
+	if _, res := tb.Insert(tup(client2, 1, client2, 2, packet.ProtoTCP), orig.Reverse(), 0, 3, 0); res != ReplyExists {
+		t.Errorf("reply equal to an original key: %v, want ReplyExists", res)
+	}
+	// A flow whose reply would be its own original tuple.
+	self := tup(client, 5, client, 5, packet.ProtoUDP)
+	if _, res := tb.Insert(self, self.Reverse(), 0, 3, 0); res != ReplyExists {
+		t.Errorf("self-reply: %v, want ReplyExists", res)
+	}
+	st := tb.Stats()
+	if st.OrigExists != 1 || st.ReplyExists != 3 || st.Inserts != 1 {
+		t.Errorf("stats %+v", st)
+	}
+	if ReplyExists.Reason() != packet.DropNoSNATPort || Full.Reason() != packet.DropConntrackFull || Inserted.Reason() != packet.OK {
+		t.Error("InsertResult.Reason mapping")
+	}
+}
+
+// expiresAt returns when the flow holding tu expires.
+func expiresAt(t *testing.T, tb *Table, tu packet.Tuple) int64 {
+	t.Helper()
+	for fi := range tb.All(0) {
+		if fi.Orig == tu {
+			return int64(fi.Expires)
+		}
+	}
+	t.Fatalf("flow %v not found by All", tu)
+	return 0
+}
+
+func TestTCPLifecycleAndTimeouts(t *testing.T) {
+	tb := newTable(t, Config{Capacity: 64})
+	orig := tup(client, 40000, frontend, 80, packet.ProtoTCP)
+	tr := tup(client, 40000, backend, 8080, packet.ProtoTCP)
+	h := mustInsert(t, tb, orig, tr, DNAT, 1, 0)
+	now := int64(0)
+	steps := []struct {
+		dir     Direction
+		flags   uint8
+		want    State
+		timeout time.Duration
+	}{
+		{Original, packet.TCPSyn, TCPSynSent, 120 * time.Second},
+		{Original, packet.TCPSyn, TCPSynSent, 120 * time.Second}, // retransmit
+		{Reply, packet.TCPSyn | packet.TCPAck, TCPSynRecv, 60 * time.Second},
+		{Original, packet.TCPAck, TCPEstablished, 432000 * time.Second},
+		{Reply, packet.TCPAck | packet.TCPPsh, TCPEstablished, 432000 * time.Second},
+		{Original, packet.TCPFin | packet.TCPAck, TCPFinWait, 120 * time.Second},
+		{Original, packet.TCPAck, TCPFinWait, 120 * time.Second}, // the closer's own ACK changes nothing
+		{Reply, packet.TCPAck, TCPCloseWait, 60 * time.Second},
+		{Reply, packet.TCPFin | packet.TCPAck, TCPLastAck, 30 * time.Second},
+		{Original, packet.TCPAck, TCPTimeWait, 120 * time.Second},
+		{Original, packet.TCPSyn, TCPSynSent, 120 * time.Second}, // port reuse
+		{Reply, packet.TCPRst, TCPClose, 10 * time.Second},
+	}
+	for i, s := range steps {
+		now += 5 * sec
+		if _, d := mustLookup(t, tb, orig, now); d != Original {
+			t.Fatalf("step %d: direction %v", i, d)
+		}
+		got, ok := tb.Update(h, s.dir, s.flags, now)
+		if !ok || got != s.want {
+			t.Fatalf("step %d (%v flags %#x): state %v ok %v, want %v", i, s.dir, s.flags, got, ok, s.want)
+		}
+		if exp := expiresAt(t, tb, orig); exp != now+int64(s.timeout) {
+			t.Fatalf("step %d: expires at %v, want %v", i, time.Duration(exp), time.Duration(now+int64(s.timeout)))
+		}
+	}
+	// CLOSE lives 10 s.
+	if _, _, ok := tb.Lookup(orig, now+10*sec-1e6); !ok {
+		t.Error("closed flow gone before its 10 s")
+	}
+	if _, _, ok := tb.Lookup(orig, now+10*sec); ok {
+		t.Error("closed flow still found after 10 s")
+	}
+	if _, _, ok := tb.Lookup(tr.Reverse(), now+10*sec); ok {
+		t.Error("closed flow still found by its reply after 10 s")
+	}
+}
+
+func TestTCPTransitions(t *testing.T) {
+	const (
+		syn    = packet.TCPSyn
+		synack = packet.TCPSyn | packet.TCPAck
+		ack    = packet.TCPAck
+		fin    = packet.TCPFin | packet.TCPAck
+		rst    = packet.TCPRst
+	)
+	cases := []struct {
+		from   State
+		closer Direction
+		dir    Direction
+		flags  uint8
+		to     State
+	}{
+		{TCPNone, Original, Original, syn, TCPSynSent},
+		{TCPNone, Original, Original, ack, TCPEstablished}, // loose pick-up
+		{TCPSynSent, Original, Reply, synack, TCPSynRecv},
+		{TCPSynSent, Original, Original, synack, TCPSynSent}, // SYN/ACK from the client is ignored
+		{TCPSynSent, Original, Reply, syn, TCPSynSent},       // simultaneous open not modelled
+		{TCPSynSent, Original, Original, ack, TCPSynSent},
+		{TCPSynRecv, Original, Reply, ack, TCPSynRecv},
+		{TCPSynRecv, Original, Original, ack, TCPEstablished},
+		{TCPSynRecv, Original, Original, fin, TCPFinWait},
+		{TCPEstablished, Original, Original, syn, TCPEstablished},
+		{TCPEstablished, Original, Reply, fin, TCPFinWait},
+		{TCPFinWait, Reply, Reply, fin, TCPFinWait},        // FIN retransmitted by the closer
+		{TCPFinWait, Reply, Original, fin, TCPLastAck},     // both FINs at once
+		{TCPFinWait, Reply, Original, ack, TCPCloseWait},   // the other side acks
+		{TCPCloseWait, Reply, Original, fin, TCPLastAck},   // then closes
+		{TCPCloseWait, Reply, Reply, fin, TCPCloseWait},    // closer again: nothing new
+		{TCPLastAck, Reply, Original, ack, TCPLastAck},     // not the final ACK
+		{TCPLastAck, Reply, Reply, ack, TCPTimeWait},       // the closer acks the last FIN
+		{TCPTimeWait, Original, Original, syn, TCPSynSent}, // port reuse
+		{TCPClose, Original, Original, syn, TCPSynSent},
+		{TCPClose, Original, Reply, ack, TCPClose},
+		{TCPEstablished, Original, Original, rst, TCPClose},
+		{TCPSynSent, Original, Reply, rst | packet.TCPAck, TCPClose},
+	}
+	for _, c := range cases {
+		var status uint8
+		if c.closer == Reply {
+			status = statusCloserReply
+		}
+		got, _ := next(c.from, status, c.dir, c.flags)
+		if got != c.to {
+			t.Errorf("%v (closer %v) + %v flags %#x = %v, want %v", c.from, c.closer, c.dir, c.flags, got, c.to)
+		}
+	}
+}
+
+func TestUDPRepliedAndUnreplied(t *testing.T) {
+	tb := newTable(t, Config{Capacity: 64})
+	q := tup(client, 5000, frontend, 53, packet.ProtoUDP)
+	h := mustInsert(t, tb, q, tup(client, 5000, backend, 53, packet.ProtoUDP), DNAT, 1, 0)
+	if f, _ := mustLookup(t, tb, q, 0); f.State != UDPUnreplied {
+		t.Fatalf("state %v", f.State)
+	}
+	if _, _, ok := tb.Lookup(q, 30*sec); ok {
+		t.Error("unreplied UDP flow alive after 30 s")
+	}
+
+	q2 := tup(client, 5001, frontend, 53, packet.ProtoUDP)
+	h = mustInsert(t, tb, q2, tup(client, 5001, backend, 53, packet.ProtoUDP), DNAT, 1, 0)
+	if s, _ := tb.Update(h, Original, 0, 10*sec); s != UDPUnreplied {
+		t.Errorf("after a second query: %v", s)
+	}
+	if s, _ := tb.Update(h, Reply, 0, 20*sec); s != UDPReplied {
+		t.Errorf("after the answer: %v", s)
+	}
+	if _, _, ok := tb.Lookup(q2, 20*sec+120*sec-1e6); !ok {
+		t.Error("replied UDP flow gone before 120 s")
+	}
+	if _, _, ok := tb.Lookup(q2, 20*sec+120*sec); ok {
+		t.Error("replied UDP flow alive after 120 s")
+	}
+}
+
+func TestICMPAndOtherTimeouts(t *testing.T) {
+	tb := newTable(t, Config{Capacity: 64})
+	echo := tup(client, 77, frontend, 77, packet.ProtoICMP)
+	mustInsert(t, tb, echo, tup(client, 77, backend, 77, packet.ProtoICMP), DNAT, 1, 0)
+	if exp := expiresAt(t, tb, echo); exp != 30*sec {
+		t.Errorf("ICMP echo expires at %v", time.Duration(exp))
+	}
+	sctp := tup(client, 9, frontend, 9, packet.ProtoSCTP)
+	mustInsert(t, tb, sctp, tup(client, 9, backend, 9, packet.ProtoSCTP), DNAT, 1, 0)
+	if exp := expiresAt(t, tb, sctp); exp != 600*sec {
+		t.Errorf("SCTP expires at %v", time.Duration(exp))
+	}
+}
+
+func TestConfiguredTimeouts(t *testing.T) {
+	tb := newTable(t, Config{Capacity: 64, Timeouts: Timeouts{TCPEstablished: time.Hour, UDPUnreplied: 5 * time.Second}})
+	tcp := tup(client, 1, frontend, 80, packet.ProtoTCP)
+	h := mustInsert(t, tb, tcp, tup(client, 1, backend, 80, packet.ProtoTCP), DNAT, 1, 0)
+	tb.Update(h, Original, packet.TCPAck, 0)
+	if exp := expiresAt(t, tb, tcp); exp != int64(time.Hour) {
+		t.Errorf("established expires at %v, want 1h", time.Duration(exp))
+	}
+	udp := tup(client, 1, frontend, 53, packet.ProtoUDP)
+	mustInsert(t, tb, udp, tup(client, 1, backend, 53, packet.ProtoUDP), DNAT, 1, 0)
+	if exp := expiresAt(t, tb, udp); exp != 5*sec {
+		t.Errorf("UDP expires at %v, want 5s", time.Duration(exp))
+	}
+	// Unset fields keep the default.
+	if tb.timeout[TCPSynSent] != 120000 {
+		t.Errorf("SYN_SENT timeout %d ms", tb.timeout[TCPSynSent])
+	}
+}
+
+func TestUpdateSkipsSmallRefreshes(t *testing.T) {
+	tb := newTable(t, Config{Capacity: 64})
+	udp := tup(client, 1, frontend, 53, packet.ProtoUDP)
+	h := mustInsert(t, tb, udp, tup(client, 1, backend, 53, packet.ProtoUDP), DNAT, 1, 0)
+	tb.Update(h, Original, 0, 900*int64(time.Millisecond))
+	if exp := expiresAt(t, tb, udp); exp != 30*sec {
+		t.Errorf("a refresh of 0.9 s was written: expires at %v", time.Duration(exp))
+	}
+	tb.Update(h, Original, 0, 2*sec)
+	if exp := expiresAt(t, tb, udp); exp != 32*sec {
+		t.Errorf("a refresh of 2 s was skipped: expires at %v", time.Duration(exp))
+	}
+	// An earlier clock (another worker's) never shortens the deadline.
+	tb.Update(h, Original, 0, 0)
+	if exp := expiresAt(t, tb, udp); exp != 32*sec {
+		t.Errorf("deadline moved back to %v", time.Duration(exp))
+	}
+}
+
+func TestStaleHandles(t *testing.T) {
+	tb := newTable(t, Config{Capacity: 1}) // one entry: every insert reuses it
+	a := tup(client, 1, frontend, 80, packet.ProtoTCP)
+	ha := mustInsert(t, tb, a, tup(client, 1, backend, 80, packet.ProtoTCP), DNAT, 1, 0)
+	if !tb.Delete(ha) {
+		t.Fatal("Delete failed")
+	}
+	if tb.Delete(ha) {
+		t.Error("second Delete succeeded")
+	}
+	if _, ok := tb.Update(ha, Original, packet.TCPSyn, 0); ok {
+		t.Error("Update of a deleted flow succeeded")
+	}
+	b := tup(client, 2, frontend, 80, packet.ProtoTCP)
+	hb := mustInsert(t, tb, b, tup(client, 2, backend, 80, packet.ProtoTCP), DNAT, 2, 0)
+	if hb.idx != ha.idx || hb.gen == ha.gen {
+		t.Fatalf("expected reuse of the entry with a new generation: %+v %+v", ha, hb)
+	}
+	if _, ok := tb.Update(ha, Original, packet.TCPRst, 0); ok {
+		t.Error("old handle updated the new flow")
+	}
+	if f, _ := mustLookup(t, tb, b, 0); f.State != TCPNone {
+		t.Errorf("new flow state %v", f.State)
+	}
+	if _, ok := tb.Update(Handle{}, Original, 0, 0); ok || tb.Delete(Handle{}) {
+		t.Error("zero Handle accepted")
+	}
+	if _, _, ok := tb.Lookup(a, 0); ok {
+		t.Error("deleted flow found")
+	}
+}
+
+func TestSweep(t *testing.T) {
+	tb := newTable(t, Config{Capacity: 1000})
+	for i := range 500 {
+		orig := tup(client, uint16(1000+i), frontend, 53, packet.ProtoUDP)
+		h := mustInsert(t, tb, orig, tup(client, uint16(1000+i), backend, 53, packet.ProtoUDP), DNAT, 1, 0)
+		if i%2 == 0 {
+			tb.Update(h, Reply, 0, 0) // 120 s
+		}
+	}
+	removed := 0
+	for range 1000 / 64 {
+		removed += tb.Sweep(64, 29*sec)
+	}
+	if removed != 0 {
+		t.Fatalf("swept %d live flows", removed)
+	}
+	removed = 0
+	for range (1000 + 63) / 64 {
+		removed += tb.Sweep(64, 30*sec)
+	}
+	if removed != 250 {
+		t.Fatalf("swept %d flows at 30 s, want the 250 unreplied", removed)
+	}
+	removed = 0
+	removed += tb.Sweep(5000, 120*sec) // budget larger than the table
+	if removed != 250 {
+		t.Fatalf("swept %d flows at 120 s, want 250", removed)
+	}
+	st := tb.Stats()
+	if st.Expired != 500 || st.Live != 0 {
+		t.Errorf("stats %+v", st)
+	}
+	if n := tb.Sweep(0, 200*sec); n != 0 {
+		t.Errorf("zero budget swept %d", n)
+	}
+}
+
+func TestExpiredFlowGivesWayOnInsert(t *testing.T) {
+	tb := newTable(t, Config{Capacity: 64})
+	orig := tup(client, 1, frontend, 53, packet.ProtoUDP)
+	mustInsert(t, tb, orig, tup(client, 1, backend, 53, packet.ProtoUDP), DNAT, 1, 0)
+	if _, res := tb.Insert(orig, tup(client, 1, backend2, 53, packet.ProtoUDP), DNAT, 1, 29*sec); res != OrigExists {
+		t.Fatalf("live flow: %v", res)
+	}
+	mustInsert(t, tb, orig, tup(client, 1, backend2, 53, packet.ProtoUDP), DNAT, 1, 31*sec)
+	if f, _ := mustLookup(t, tb, orig, 31*sec); f.Rewrite.Dst != backend2 {
+		t.Errorf("old translation returned: %v", f.Rewrite)
+	}
+	if _, _, ok := tb.Lookup(tup(backend, 53, client, 1, packet.ProtoUDP), 31*sec); ok {
+		t.Error("reply key of the expired flow still present")
+	}
+	if st := tb.Stats(); st.ExpiredOnInsert != 1 || st.Live != 1 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+func TestFullTablePolicy(t *testing.T) {
+	tb := newTable(t, Config{Capacity: 4})
+	flow := func(i int) (packet.Tuple, packet.Tuple) {
+		return tup(client, uint16(i), frontend, 53, packet.ProtoUDP), tup(client, uint16(i), backend, 53, packet.ProtoUDP)
+	}
+	hs := make([]Handle, 0, 4)
+	for i := range 4 {
+		o, tr := flow(i)
+		hs = append(hs, mustInsert(t, tb, o, tr, DNAT, 1, int64(i)*sec))
+	}
+	// Flows 0 and 2 are replied; 1 is the oldest unreplied.
+	tb.Update(hs[0], Reply, 0, 4*sec)
+	tb.Update(hs[2], Reply, 0, 4*sec)
+	o, tr := flow(4)
+	mustInsert(t, tb, o, tr, DNAT, 1, 5*sec)
+	if o1, _ := flow(1); true {
+		if _, _, ok := tb.Lookup(o1, 5*sec); ok {
+			t.Error("flow 1, the oldest unreplied, survived the early drop")
+		}
+	}
+	for _, i := range []int{0, 2, 3, 4} {
+		if oi, _ := flow(i); true {
+			if _, _, ok := tb.Lookup(oi, 5*sec); !ok {
+				t.Errorf("flow %d was dropped", i)
+			}
+		}
+	}
+	// Reply on everything: nothing may be evicted.
+	for fi := range tb.All(5 * sec) {
+		tb.Update(fi.Handle, Reply, 0, 5*sec)
+	}
+	o, tr = flow(5)
+	if _, res := tb.Insert(o, tr, DNAT, 1, 6*sec); res != Full {
+		t.Fatalf("insert into a full, all-replied table: %v", res)
+	}
+	// Once flow 3 expires (its last refresh was at 5 s: 120 s), an insert reuses it.
+	// Flow 4 was refreshed at 5 s too; make flow 3 the only expired one by
+	// refreshing the others later.
+	for _, i := range []int{0, 2, 4} {
+		oi, _ := flow(i)
+		f, _ := mustLookup(t, tb, oi, 100*sec)
+		tb.Update(f.Handle, Original, 0, 100*sec)
+	}
+	mustInsert(t, tb, o, tr, DNAT, 1, 125*sec+1)
+	if o3, _ := flow(3); true {
+		if _, _, ok := tb.Lookup(o3, 125*sec); ok {
+			t.Error("expired flow 3 not the one evicted")
+		}
+	}
+	st := tb.Stats()
+	if st.EvictedUnreplied != 1 || st.EvictedExpired != 1 || st.FullDrops != 1 || st.Inserts != 6 || st.Live != 4 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+func TestDeleteByBackend(t *testing.T) {
+	tb := newTable(t, Config{Capacity: 256})
+	for i := range 30 {
+		be, port := backend, uint16(53)
+		switch i % 3 {
+		case 1:
+			be = backend2
+		case 2:
+			port = 5353
+		}
+		o := tup(client, uint16(1000+i), frontend, 53, packet.ProtoUDP)
+		mustInsert(t, tb, o, tup(client, uint16(1000+i), be, port, packet.ProtoUDP), DNAT, 1, 0)
+	}
+	tcp := tup(client, 999, frontend, 53, packet.ProtoTCP)
+	mustInsert(t, tb, tcp, tup(client, 999, backend, 53, packet.ProtoTCP), DNAT, 1, 0)
+
+	if n := tb.DeleteByBackend(backend, 53, packet.ProtoUDP); n != 10 {
+		t.Errorf("deleted %d, want 10", n)
+	}
+	if _, _, ok := tb.Lookup(tcp, 0); !ok {
+		t.Error("TCP flow to the same backend port deleted")
+	}
+	if _, _, ok := tb.Lookup(tup(backend, 53, client, 1000, packet.ProtoUDP), 0); ok {
+		t.Error("reply key of a deleted flow found")
+	}
+	if n := tb.DeleteByBackend(backend, 0, 0); n != 11 {
+		t.Errorf("all ports, all protocols: deleted %d, want 11", n)
+	}
+	if st := tb.Stats(); st.Deleted != 21 || st.Live != 10 {
+		t.Errorf("stats %+v", st)
+	}
+	for fi := range tb.All(0) {
+		if fi.Translated.Dst != backend2 {
+			t.Errorf("left over %v", fi.Translated)
+		}
+	}
+}
+
+func TestAllAndCountByState(t *testing.T) {
+	tb := newTable(t, Config{Capacity: 64})
+	o := tup(client, 1, frontend, 80, packet.ProtoTCP)
+	h := mustInsert(t, tb, o, tup(snatAddr, 40000, backend, 8080, packet.ProtoTCP), DNAT|SNAT, 7, 2*sec)
+	tb.Update(h, Original, packet.TCPAck, 2*sec)
+	mustInsert(t, tb, tup(client, 2, frontend, 53, packet.ProtoUDP), tup(client, 2, backend, 53, packet.ProtoUDP), DNAT, 8, 2*sec)
+	mustInsert(t, tb, tup(client, 3, frontend, 53, packet.ProtoUDP), tup(client, 3, backend, 53, packet.ProtoUDP), DNAT, 8, 2*sec)
+	c := tb.CountByState(3 * sec)
+	if c[TCPEstablished] != 1 || c[UDPUnreplied] != 2 || c[TCPNone] != 0 {
+		t.Errorf("counts %v", c)
+	}
+	if c := tb.CountByState(40 * sec); c[UDPUnreplied] != 0 || c[TCPEstablished] != 1 {
+		t.Errorf("counts after UDP expiry %v", c)
+	}
+	n := 0
+	for fi := range tb.All(3 * sec) {
+		n++
+		if fi.ServiceID == 7 {
+			want := FlowInfo{Handle: h, Orig: o, Translated: tup(snatAddr, 40000, backend, 8080, packet.ProtoTCP),
+				Flags: DNAT | SNAT, ServiceID: 7, State: TCPEstablished, Created: 2 * time.Second, Expires: 2*time.Second + 432000*time.Second}
+			if fi != want {
+				t.Errorf("got %+v\nwant %+v", fi, want)
+			}
+			if fi.Reply() != tup(backend, 8080, snatAddr, 40000, packet.ProtoTCP) {
+				t.Errorf("reply %v", fi.Reply())
+			}
+		}
+	}
+	if n != 3 {
+		t.Errorf("All yielded %d flows", n)
+	}
+	for range tb.All(0) {
+		break // stopping early must be fine
+	}
+}
+
+// TestChurnMatchesModel drives random inserts, deletes, expiries and lookups
+// through a small table and checks every answer against a map. The small
+// index and the churn exercise tombstones, their cleanup and rebuilds.
+func TestChurnMatchesModel(t *testing.T) {
+	// Long timeouts: expiry is tested elsewhere, here the model ignores it.
+	tb := newTable(t, Config{Capacity: 48, Timeouts: Timeouts{TCPSynSent: time.Hour}})
+	type model struct {
+		orig, tr packet.Tuple
+		h        Handle
+		replied  bool
+	}
+	frontends := []packet.Addr{frontend, packet.MustParseAddr("198.18.100.2"), packet.MustParseAddr("198.18.100.3")}
+	live := map[packet.Tuple]*model{} // by original tuple
+	byReply := map[packet.Tuple]packet.Tuple{}
+	rng := rand.New(rand.NewPCG(1, 2))
+	now := int64(0)
+	check := func(step int) {
+		for _, m := range live {
+			f, d, ok := tb.Lookup(m.orig, now)
+			if !ok || d != Original || f.Rewrite != m.tr {
+				t.Fatalf("step %d: lookup %v: %v %+v, model %+v", step, m.orig, ok, f, m)
+			}
+			f, d, ok = tb.Lookup(m.tr.Reverse(), now)
+			if !ok || d != Reply || f.Rewrite != m.orig.Reverse() {
+				t.Fatalf("step %d: reply lookup %v: %v %+v", step, m.tr.Reverse(), ok, f)
+			}
+		}
+	}
+	for step := range 200000 {
+		now += int64(time.Millisecond)
+		cport := uint16(rng.IntN(96))
+		orig := tup(client, cport, frontends[rng.IntN(len(frontends))], 80, packet.ProtoTCP)
+		tr := tup(client, cport, backend, uint16(8000+rng.IntN(2)), packet.ProtoTCP)
+		switch op := rng.IntN(8); {
+		case op < 3: // insert
+			h, res := tb.Insert(orig, tr, DNAT, uint32(cport), now)
+			_, origTaken := live[orig]
+			_, replyTaken := byReply[tr.Reverse()]
+			switch {
+			case origTaken:
+				if res != OrigExists {
+					t.Fatalf("step %d: insert of a taken original returned %v", step, res)
+				}
+			case replyTaken:
+				if res != ReplyExists {
+					t.Fatalf("step %d: insert of a taken reply returned %v", step, res)
+				}
+			case len(live) < tb.Capacity():
+				if res != Inserted {
+					t.Fatalf("step %d: insert with room returned %v", step, res)
+				}
+			case res == Inserted:
+				// An unreplied flow was dropped: find which.
+				dropped := 0
+				for k, m := range live {
+					if _, _, ok := tb.Lookup(k, now); !ok {
+						if m.replied {
+							t.Fatalf("step %d: replied flow %v evicted", step, k)
+						}
+						delete(live, k)
+						delete(byReply, m.tr.Reverse())
+						dropped++
+					}
+				}
+				if dropped != 1 {
+					t.Fatalf("step %d: insert into a full table dropped %d flows", step, dropped)
+				}
+			case res != Full:
+				t.Fatalf("step %d: insert into a full table returned %v", step, res)
+			}
+			if res == Inserted {
+				live[orig] = &model{orig: orig, tr: tr, h: h}
+				byReply[tr.Reverse()] = orig
+			}
+		case op == 3: // delete
+			if m, ok := live[orig]; ok {
+				if !tb.Delete(m.h) {
+					t.Fatalf("step %d: delete of a live flow failed", step)
+				}
+				delete(live, orig)
+				delete(byReply, m.tr.Reverse())
+			}
+		case op == 4: // a reply passes
+			if m, ok := live[orig]; ok && rng.IntN(4) == 0 {
+				if _, ok := tb.Update(m.h, Reply, packet.TCPAck, now); !ok {
+					t.Fatalf("step %d: update of a live flow failed", step)
+				}
+				m.replied = true
+			}
+		default: // lookup both ways
+			m, ok := live[orig]
+			f, d, found := tb.Lookup(orig, now)
+			if ok != found || (found && (d != Original || f.Rewrite != m.tr)) {
+				t.Fatalf("step %d: lookup %v: found %v %+v, model %v %+v", step, orig, found, f, ok, m)
+			}
+			if ok {
+				f, d, found = tb.Lookup(m.tr.Reverse(), now)
+				if !found || d != Reply || f.Rewrite != m.orig.Reverse() {
+					t.Fatalf("step %d: reply lookup: %v %+v", step, found, f)
+				}
+			}
+		}
+		if step%10000 == 0 {
+			check(step)
+		}
+	}
+	check(-1)
+	// Rebuild the index (normally only when tombstones fill it) and check
+	// that every flow is still found and the tombstones are gone.
+	sh := &tb.shards[0]
+	sh.mu.Lock()
+	tb.rebuildLocked(sh)
+	sh.mu.Unlock()
+	if sh.tombs != 0 || sh.used != 2*len(live) {
+		t.Errorf("after rebuild: %d tombstones, %d used slots, %d flows", sh.tombs, sh.used, len(live))
+	}
+	check(-2)
+	st := tb.Stats()
+	t.Logf("stats %+v", st)
+	if int(st.Live) != len(live) {
+		t.Errorf("Live %d, model %d", st.Live, len(live))
+	}
+	if st.Inserts < 10000 || st.ReplyExists == 0 || st.EvictedUnreplied == 0 || st.IndexRebuilds < 2 {
+		t.Errorf("the test does not churn enough: %+v", st)
+	}
+}
+
+func TestLargeTableAcrossShards(t *testing.T) {
+	tb := newTable(t, Config{Capacity: 100000})
+	st := tb.Stats()
+	if st.Shards < 2 {
+		t.Fatalf("%d shards", st.Shards)
+	}
+	n := 90000
+	for i := range n {
+		o := tup(packet.AddrFrom4([4]byte{198, 18 + byte(i>>16), byte(i >> 8), byte(i)}), 1000, frontend, 80, packet.ProtoTCP)
+		tr := tup(snatAddr, uint16(i%60000+1), backend, 8080, packet.ProtoTCP)
+		if i >= 60000 {
+			tr.Dst = backend2
+		}
+		mustInsert(t, tb, o, tr, DNAT|SNAT, uint32(i), 0)
+	}
+	for i := range n {
+		o := tup(packet.AddrFrom4([4]byte{198, 18 + byte(i>>16), byte(i >> 8), byte(i)}), 1000, frontend, 80, packet.ProtoTCP)
+		f, d := mustLookup(t, tb, o, 0)
+		if d != Original || f.ServiceID != uint32(i) {
+			t.Fatalf("flow %d: %+v", i, f)
+		}
+		f, d = mustLookup(t, tb, f.Rewrite.Reverse(), 0)
+		if d != Reply || f.Rewrite != o.Reverse() {
+			t.Fatalf("flow %d reply: %+v", i, f)
+		}
+	}
+	if st := tb.Stats(); st.Live != uint64(n) || st.FullDrops != 0 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+func TestNewValidates(t *testing.T) {
+	for _, c := range []Config{{}, {Capacity: -1}, {Capacity: MaxCapacity + 1}, {Capacity: 10, EvictionWindow: -1}} {
+		if _, err := New(c); err == nil {
+			t.Errorf("New(%+v) accepted", c)
+		}
+	}
+}
+
+func TestZeroAllocs(t *testing.T) {
+	tb := newTable(t, Config{Capacity: 4096})
+	o := tup(client, 1, frontend, 80, packet.ProtoTCP)
+	tr := tup(client, 1, backend, 8080, packet.ProtoTCP)
+	mustInsert(t, tb, o, tr, DNAT, 1, 0)
+	reply := tr.Reverse()
+	now := int64(0)
+	if a := testing.AllocsPerRun(1000, func() {
+		now += sec
+		f, d, ok := tb.Lookup(o, now)
+		if ok {
+			tb.Update(f.Handle, d, packet.TCPAck, now)
+		}
+		f, d, ok = tb.Lookup(reply, now)
+		if ok {
+			tb.Update(f.Handle, d, packet.TCPAck, now)
+		}
+	}); a != 0 {
+		t.Errorf("Lookup+Update: %v allocs", a)
+	}
+	i := 0
+	if a := testing.AllocsPerRun(1000, func() {
+		i++
+		oi := tup(client2, uint16(i), frontend, 80, packet.ProtoTCP)
+		h, res := tb.Insert(oi, tup(client2, uint16(i), backend, 8080, packet.ProtoTCP), DNAT, 1, now)
+		if res != Inserted {
+			t.Fatalf("insert %d: %v", i, res)
+		}
+		tb.Update(h, Original, packet.TCPSyn, now)
+		tb.Sweep(16, now)
+	}); a != 0 {
+		t.Errorf("Insert: %v allocs", a)
+	}
+	if a := testing.AllocsPerRun(100, func() {
+		i++
+		tb.InsertSNAT(tup(client2, uint16(i), frontend, 80, packet.ProtoUDP), tup(snatAddr, 0, backend, 53, packet.ProtoUDP), DNAT, 1, DefaultSNATPorts, now)
+	}); a != 0 {
+		t.Errorf("InsertSNAT: %v allocs", a)
+	}
+	k := FragmentKey{Src: client, Dst: frontend, ID: 9, Proto: packet.ProtoUDP}
+	if a := testing.AllocsPerRun(100, func() {
+		tb.RememberFragment(k, client, backend, now)
+		tb.LookupFragment(k, now)
+	}); a != 0 {
+		t.Errorf("fragments: %v allocs", a)
+	}
+}

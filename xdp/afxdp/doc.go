@@ -1,0 +1,49 @@
+// Package afxdp wraps AF_XDP sockets for xdproxy's workers.
+//
+// An AF_XDP socket shares a UMEM (an array of equal-sized frames in user
+// memory) and four single-producer single-consumer rings with the kernel:
+//
+//	fill ring        user -> kernel   free frames the kernel may receive into
+//	RX ring          kernel -> user   frames that arrived (address + length)
+//	TX ring          user -> kernel   frames to send
+//	completion ring  kernel -> user   frames the kernel has finished sending
+//
+// Every frame is in exactly one place at a time: the socket's free stack,
+// one of the rings (or the kernel behind them), or the caller's hands after
+// Receive or Alloc until it passes the frame to Transmit or Release. A
+// worker loop is:
+//
+//	s.Refill()                 // keep the fill ring full
+//	n := s.Receive(descs)      // take received frames
+//	... rewrite s.Frame(d) ...
+//	s.Transmit(out)            // send; Release what is dropped
+//	s.Complete()               // recycle sent frames
+//	if n == 0 { s.Wait(timeout) }
+//
+// Ring indexes are read and written with sync/atomic (the kernel updates
+// them from other CPUs), once per batch: each side caches the other side's
+// index and rereads it only when the cache says the ring is full or empty.
+// Free frames are a stack, so taking or returning one is O(1). Receive,
+// Refill, Transmit, Complete, Alloc and Release never allocate; Transmit
+// makes at most the syscalls the kernel needs to be woken (always in copy
+// mode, where the kernel transmits inside sendto).
+//
+// Threading rule: a Socket is used by one goroutine at a time. Its methods
+// take no locks. A worker that owns a socket's RX side and also transmits
+// on it needs nothing more; callers that share a socket's TX side between
+// goroutines (for example forwarding into another interface's socket)
+// serialize those calls themselves, and the frames they Alloc come from that
+// socket's UMEM, so the same rule covers Alloc and Release.
+//
+// Lifetimes: slices returned by Frame alias the UMEM and are valid only while
+// the caller owns the frame, and never after Close. Open neither loads nor
+// attaches an XDP program; the caller registers FD() in its XSKMAP.
+//
+// The socket is set up here with golang.org/x/sys/unix instead of
+// github.com/asavie/xdp's NewSocket, for reasons measured in this package's
+// tests: asavie's Close does not unmap its rings, and a mapping holds the
+// socket open, so the queue stays bound and a later bind fails with EBUSY;
+// its bind flags (copy, zero-copy, need-wakeup) are a package variable
+// shared by all sockets; and its Transmit panics on unexpected sendto
+// errors. asavie remains the baseline in this package's benchmark.
+package afxdp

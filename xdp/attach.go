@@ -1,0 +1,185 @@
+package xdp
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
+)
+
+// Mode is how a program is attached to an interface.
+type Mode int
+
+const (
+	// Auto tries Native and falls back to Generic.
+	Auto Mode = iota
+	// Native runs the program in the driver, before an skb exists.
+	Native
+	// Generic runs the program in the kernel's receive path on an skb;
+	// any driver supports it, slower.
+	Generic
+)
+
+func (m Mode) String() string {
+	switch m {
+	case Auto:
+		return "auto"
+	case Native:
+		return "native"
+	case Generic:
+		return "generic"
+	}
+	return fmt.Sprintf("mode-%d", int(m))
+}
+
+// Errors of Attach, for errors.Is.
+var (
+	// ErrForeignProgram: another program than ours is attached.
+	ErrForeignProgram = errors.New("xdp: interface has another XDP program")
+	// ErrBusy: our program is attached through a bpf_link, which a live
+	// process (another xdproxy, or this one) holds.
+	ErrBusy = errors.New("xdp: interface has xdproxy's program attached by a live process")
+)
+
+// Attachment is the program attached to one interface.
+type Attachment struct {
+	ifname string
+	mode   Mode // the mode in effect, never Auto
+	link   link.Link
+	inst   *instance
+}
+
+// Attach loads a program for the interface ifindex and attaches it in the
+// given mode. A program of ours left attached through netlink by an older
+// or killed xdproxy is detached first; any other program makes Attach fail
+// with ErrForeignProgram. The calling thread must be in the interface's
+// network namespace.
+func (o *Objects) Attach(ifindex int, mode Mode) (*Attachment, error) {
+	l, err := netlink.LinkByIndex(ifindex)
+	if err != nil {
+		return nil, fmt.Errorf("xdp: interface %d: %w", ifindex, err)
+	}
+	attrs := l.Attrs()
+	if err := removeStale(l); err != nil {
+		return nil, err
+	}
+	queues := max(attrs.NumRxQueues, 1)
+	inst, err := o.newInstance(queues)
+	if err != nil {
+		return nil, err
+	}
+
+	var tries []Mode
+	switch mode {
+	case Auto:
+		tries = []Mode{Native, Generic}
+	case Native, Generic:
+		tries = []Mode{mode}
+	default:
+		inst.close()
+		return nil, fmt.Errorf("xdp: unknown mode %d", int(mode))
+	}
+	var errs []error
+	for _, m := range tries {
+		flags := link.XDPGenericMode
+		if m == Native {
+			flags = link.XDPDriverMode
+		}
+		lk, err := link.AttachXDP(link.XDPOptions{Program: inst.prog, Interface: ifindex, Flags: flags})
+		if err == nil {
+			return &Attachment{ifname: attrs.Name, mode: m, link: lk, inst: inst}, nil
+		}
+		errs = append(errs, fmt.Errorf("%v: %w", m, err))
+	}
+	inst.close()
+	return nil, fmt.Errorf("xdp: attaching to %s: %w", attrs.Name, errors.Join(errs...))
+}
+
+// removeStale detaches our program if netlink shows it attached to l.
+func removeStale(l netlink.Link) error {
+	attrs := l.Attrs()
+	x := attrs.Xdp
+	if x == nil || !x.Attached {
+		return nil
+	}
+	var flags int
+	switch x.AttachMode {
+	case nl.XDP_ATTACHED_DRV:
+		flags = unix.XDP_FLAGS_DRV_MODE
+	case nl.XDP_ATTACHED_SKB:
+		flags = unix.XDP_FLAGS_SKB_MODE
+	case nl.XDP_ATTACHED_HW:
+		flags = unix.XDP_FLAGS_HW_MODE
+	default:
+		// XDP_ATTACHED_MULTI: programs in several modes at once, never
+		// something xdproxy does.
+		return fmt.Errorf("%w: %s has XDP programs attached in several modes", ErrForeignProgram, attrs.Name)
+	}
+	name, err := programName(x.ProgId)
+	if err != nil {
+		return fmt.Errorf("xdp: %s has XDP program id %d attached: %w", attrs.Name, x.ProgId, err)
+	}
+	if name != ProgramName {
+		return fmt.Errorf("%w: %s has program %q (id %d); detach it or use another interface",
+			ErrForeignProgram, attrs.Name, name, x.ProgId)
+	}
+	err = netlink.LinkSetXdpFdWithFlags(l, -1, flags)
+	if errors.Is(err, unix.EBUSY) {
+		return fmt.Errorf("%w: %s, program id %d, through a bpf_link", ErrBusy, attrs.Name, x.ProgId)
+	}
+	if err != nil {
+		return fmt.Errorf("xdp: detaching stale program id %d from %s: %w", x.ProgId, attrs.Name, err)
+	}
+	return nil
+}
+
+func programName(id uint32) (string, error) {
+	p, err := ebpf.NewProgramFromID(ebpf.ProgramID(id))
+	if err != nil {
+		return "", err
+	}
+	defer p.Close()
+	info, err := p.Info()
+	if err != nil {
+		return "", err
+	}
+	return info.Name, nil
+}
+
+// Mode returns the mode the program runs in: Native or Generic.
+func (a *Attachment) Mode() Mode { return a.mode }
+
+// Interface returns the interface's name at the time of Attach.
+func (a *Attachment) Interface() string { return a.ifname }
+
+// RegisterSocket makes the program redirect frames of receive queue queue
+// into the AF_XDP socket fd. The socket may be replaced by registering
+// another on the same queue.
+func (a *Attachment) RegisterSocket(queue, fd int) error {
+	if queue < 0 || uint32(queue) >= a.inst.xsks.MaxEntries() {
+		return fmt.Errorf("xdp: %s has no queue %d (has %d)", a.ifname, queue, a.inst.xsks.MaxEntries())
+	}
+	if err := a.inst.xsks.Put(uint32(queue), uint32(fd)); err != nil {
+		return fmt.Errorf("xdp: registering socket for %s queue %d: %w", a.ifname, queue, err)
+	}
+	return nil
+}
+
+// UnregisterSocket stops redirecting queue's frames; they reach the kernel
+// again.
+func (a *Attachment) UnregisterSocket(queue int) error {
+	err := a.inst.xsks.Delete(uint32(queue))
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("xdp: unregistering socket of %s queue %d: %w", a.ifname, queue, err)
+	}
+	return nil
+}
+
+// Close detaches the program from the interface and unloads it.
+func (a *Attachment) Close() error {
+	return errors.Join(a.link.Close(), a.inst.close())
+}

@@ -1,0 +1,522 @@
+/*
+ * xdproxy_xdp: the XDP program in front of xdproxy's AF_XDP sockets.
+ *
+ * For every frame an interface receives it decides whether xdproxy owns it.
+ * Owned frames are redirected into the AF_XDP socket of the receive queue
+ * they arrived on; everything else (ARP, SSH to the node, pod traffic that is
+ * no service's) goes on into the kernel untouched. The program never drops
+ * and never rewrites: when in doubt, it passes.
+ *
+ * Maps. All but xsks are shared by the programs of every interface; the Go
+ * loader sets every max_entries before loading.
+ *   xsks       XSKMAP, rx queue index -> AF_XDP socket. One per interface,
+ *              because every interface has its own queue 0.
+ *   frontends  HASH, svc_key (dst addr, dst port, proto) of every frontend:
+ *              cluster IPs, external and load-balancer IPs, NodePorts.
+ *   backends   HASH, svc_key (addr, port, proto) of every endpoint xdproxy
+ *              forwards to; a frame *from* one is a reply to reverse-NAT.
+ *   addrs      HASH, addr -> ADDR_* flags: NODE (a source address of our
+ *              SNAT), VIP (an address frontends listen on), BACKEND (an
+ *              endpoint's address).
+ *   config     ARRAY[1], the SNAT source port range (host byte order).
+ *   counters   PERCPU_ARRAY, one u64 per CNT_* below.
+ *
+ * Addresses are 16 bytes with IPv4 IPv4-mapped (::ffff:a.b.c.d), as in
+ * dataplane/packet.Addr; ports are in network byte order. For ICMP echo the
+ * identifier stands for both ports, because that is what NAT rewrites.
+ *
+ * Decision order; the first that applies decides:
+ *   1. not IPv4/IPv6 after at most one VLAN tag        -> pass
+ *   2. headers cut short or malformed                  -> pass (parse_failed)
+ *   3. non-first fragment (no ports to look at):
+ *      dst is VIP or src is BACKEND                    -> redirect
+ *   4. ICMP error (v4 3/11/12, v6 1-4) whose quoted packet is one xdproxy
+ *      sent or forwarded: inner dst in backends, inner dst or src in
+ *      frontends, inner src NODE with its port in the SNAT range -> redirect
+ *   5. (dst, dst port, proto) in frontends             -> redirect
+ *   6. (src, src port, proto) in backends              -> redirect
+ *   7. dst is NODE and dst port in the SNAT range, and
+ *      not an ICMP echo request                        -> redirect
+ *   8. anything else                                   -> pass
+ * "redirect" is bpf_redirect_map(&xsks, rx queue, XDP_PASS): with no socket
+ * on that queue the kernel gets the frame after all (counted no_socket).
+ */
+#include "bpf_defs.h"
+
+#define ETH_P_IP 0x0800
+#define ETH_P_IPV6 0x86DD
+#define ETH_P_8021Q 0x8100
+#define ETH_P_8021AD 0x88A8
+
+#define IPPROTO_ICMP 1
+#define IPPROTO_TCP 6
+#define IPPROTO_UDP 17
+#define IPPROTO_FRAGMENT 44
+#define IPPROTO_ICMPV6 58
+
+/* ---- Map layouts; xdp/maps.go mirrors them. ---- */
+
+struct svc_key {
+	__u8 addr[16];
+	__be16 port;
+	__u8 proto;
+	__u8 pad; /* always zero: hash keys compare every byte */
+};
+
+struct addr_key {
+	__u8 addr[16];
+};
+
+/* Inclusive SNAT source port range; lo == 0 means xdproxy does no SNAT. */
+struct snat_range {
+	__u16 lo;
+	__u16 hi;
+};
+
+enum addr_flag {
+	ADDR_NODE = 1,
+	ADDR_VIP = 2,
+	ADDR_BACKEND = 4,
+};
+
+/* Every frame lands in exactly one of the first four counters; the MATCH_
+ * counters say which rule claimed the frames counted redirected or
+ * no_socket. */
+enum counter {
+	CNT_REDIRECTED,
+	CNT_PASSED,
+	CNT_NO_SOCKET,
+	CNT_PARSE_FAILED,
+	CNT_MATCH_FRONTEND,
+	CNT_MATCH_BACKEND,
+	CNT_MATCH_SNAT,
+	CNT_MATCH_FRAGMENT,
+	CNT_MATCH_ICMP_ERROR,
+	CNT_MAX,
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_XSKMAP);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} xsks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1);
+	__type(key, struct svc_key);
+	__type(value, __u8);
+} frontends SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1);
+	__type(key, struct svc_key);
+	__type(value, __u8);
+} backends SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1);
+	__type(key, struct addr_key);
+	__type(value, __u32);
+} addrs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct snat_range);
+} config SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, CNT_MAX);
+	__type(key, enum counter);
+	__type(value, __u64);
+} counters SEC(".maps");
+
+/* ---- Wire headers, only the fields we read. ---- */
+
+struct ethhdr {
+	__u8 dst[6];
+	__u8 src[6];
+	__be16 proto;
+};
+
+struct vlanhdr {
+	__be16 tci;
+	__be16 proto;
+};
+
+struct iphdr {
+	__u8 ver_ihl;
+	__u8 tos;
+	__be16 tot_len;
+	__be16 id;
+	__be16 frag_off; /* flags (3 bits) and offset in 8-byte units */
+	__u8 ttl;
+	__u8 protocol;
+	__be16 check;
+	__u8 saddr[4];
+	__u8 daddr[4];
+};
+
+struct ipv6hdr {
+	__u8 ver_tc;
+	__u8 tc_flow[3];
+	__be16 payload_len;
+	__u8 nexthdr;
+	__u8 hop_limit;
+	__u8 saddr[16];
+	__u8 daddr[16];
+};
+
+struct frag6hdr {
+	__u8 nexthdr;
+	__u8 reserved;
+	__be16 frag_off; /* offset in 8-byte units << 3, and the M flag */
+	__be32 id;
+};
+
+struct ports {
+	__be16 src;
+	__be16 dst;
+};
+
+struct icmphdr {
+	__u8 type;
+	__u8 code;
+	__be16 check;
+	__be16 id; /* echo only */
+	__be16 seq;
+};
+
+#define TCP_MIN_LEN 20
+#define UDP_LEN 8
+
+/* ---- Parsing ---- */
+
+/* One direction of a flow: src and dst are ready-made lookup keys. */
+struct flow {
+	struct svc_key src;
+	struct svc_key dst;
+	__u8 echo_request; /* ICMP echo request: never a reply to SNAT */
+};
+
+enum ip_result {
+	IP_OK,
+	IP_BAD,		 /* cut short or malformed */
+	IP_LATER_FRAGMENT, /* no L4 header in this frame */
+};
+
+struct ip_info {
+	__u8 proto;	 /* L4 protocol */
+	__u8 fragmented; /* any fragment, first or later */
+	__u8 family;	 /* 4 or 6 */
+};
+
+static __always_inline void set_v4_mapped(__u8 *dst, const __u8 *v4)
+{
+	/* Bytes 0-9 are already zero: flows start zeroed. */
+	dst[10] = 0xff;
+	dst[11] = 0xff;
+	dst[12] = v4[0];
+	dst[13] = v4[1];
+	dst[14] = v4[2];
+	dst[15] = v4[3];
+}
+
+/* parse_ipv4 reads the IPv4 header at *pos, honouring IHL, and moves *pos
+ * to the L4 header. */
+static __always_inline int parse_ipv4(void **pos, void *end, struct flow *f,
+				      struct ip_info *ip)
+{
+	struct iphdr *h = *pos;
+
+	if ((void *)(h + 1) > end)
+		return IP_BAD;
+	if ((h->ver_ihl >> 4) != 4)
+		return IP_BAD;
+	__u32 hlen = (h->ver_ihl & 0x0f) * 4;
+	if (hlen < sizeof(*h))
+		return IP_BAD;
+	if (*pos + hlen > end)
+		return IP_BAD;
+
+	set_v4_mapped(f->src.addr, h->saddr);
+	set_v4_mapped(f->dst.addr, h->daddr);
+	ip->proto = h->protocol;
+	ip->family = 4;
+
+	__u16 frag = bpf_ntohs(h->frag_off);
+	ip->fragmented = (frag & 0x3fff) != 0; /* MF flag or an offset */
+	*pos += hlen;
+	if (frag & 0x1fff)
+		return IP_LATER_FRAGMENT;
+	return IP_OK;
+}
+
+/* parse_ipv6 reads the fixed IPv6 header and, if allow_frag, a fragment
+ * header after it, and moves *pos to the L4 header. Other extension headers
+ * leave their number in ip->proto, which no rule matches: such frames pass,
+ * as xdproxy's own parser would pass them. */
+static __always_inline int parse_ipv6(void **pos, void *end, struct flow *f,
+				      struct ip_info *ip, int allow_frag)
+{
+	struct ipv6hdr *h = *pos;
+
+	if ((void *)(h + 1) > end)
+		return IP_BAD;
+	if ((h->ver_tc >> 4) != 6)
+		return IP_BAD;
+
+	__builtin_memcpy(f->src.addr, h->saddr, 16);
+	__builtin_memcpy(f->dst.addr, h->daddr, 16);
+	ip->proto = h->nexthdr;
+	ip->family = 6;
+	*pos = h + 1;
+
+	if (!allow_frag || ip->proto != IPPROTO_FRAGMENT)
+		return IP_OK;
+
+	struct frag6hdr *fh = *pos;
+	if ((void *)(fh + 1) > end)
+		return IP_BAD;
+	ip->proto = fh->nexthdr;
+	ip->fragmented = 1;
+	*pos = fh + 1;
+	if (bpf_ntohs(fh->frag_off) & 0xfff8)
+		return IP_LATER_FRAGMENT;
+	return IP_OK;
+}
+
+static __always_inline int is_icmp(const struct ip_info *ip)
+{
+	return (ip->family == 4 && ip->proto == IPPROTO_ICMP) ||
+	       (ip->family == 6 && ip->proto == IPPROTO_ICMPV6);
+}
+
+static __always_inline int is_echo_request(const struct ip_info *ip, __u8 type)
+{
+	return type == (ip->family == 4 ? 8 : 128);
+}
+
+static __always_inline int is_echo(const struct ip_info *ip, __u8 type)
+{
+	return is_echo_request(ip, type) || type == (ip->family == 4 ? 0 : 129);
+}
+
+static __always_inline int is_error(const struct ip_info *ip, __u8 type)
+{
+	if (ip->family == 4)
+		return type == 3 || type == 11 || type == 12;
+	return type >= 1 && type <= 4;
+}
+
+enum l4_result {
+	L4_OK,
+	L4_BAD,	  /* header cut short */
+	L4_OTHER, /* a protocol or ICMP type no rule is about */
+	L4_ICMP_ERROR,
+};
+
+/* parse_l4 fills the ports of f from the L4 header at pos. For an ICMP
+ * error it stops with *pos at the quoted IP header. */
+static __always_inline int parse_l4(void **pos, void *end, struct flow *f,
+				    const struct ip_info *ip)
+{
+	void *l4 = *pos;
+
+	f->src.proto = ip->proto;
+	f->dst.proto = ip->proto;
+
+	if (ip->proto == IPPROTO_TCP || ip->proto == IPPROTO_UDP) {
+		__u32 need = ip->proto == IPPROTO_TCP ? TCP_MIN_LEN : UDP_LEN;
+		if (l4 + need > end)
+			return L4_BAD;
+		struct ports *p = l4;
+		f->src.port = p->src;
+		f->dst.port = p->dst;
+		return L4_OK;
+	}
+	if (!is_icmp(ip))
+		return L4_OTHER;
+
+	struct icmphdr *ic = l4;
+	if ((void *)(ic + 1) > end)
+		return L4_BAD;
+	if (is_echo(ip, ic->type)) {
+		f->src.port = ic->id;
+		f->dst.port = ic->id;
+		f->echo_request = is_echo_request(ip, ic->type);
+		return L4_OK;
+	}
+	/* An error in a fragment quotes too little to be sure of; xdproxy's
+	 * parser passes those too. */
+	if (is_error(ip, ic->type) && !ip->fragmented) {
+		*pos = ic + 1;
+		return L4_ICMP_ERROR;
+	}
+	return L4_OTHER;
+}
+
+/* ---- Rules ---- */
+
+static __always_inline void count(enum counter idx)
+{
+	__u64 *c = bpf_map_lookup_elem(&counters, &idx);
+
+	if (c)
+		*c += 1; /* per-CPU slot: no other CPU writes it */
+}
+
+static __always_inline int pass(enum counter counter)
+{
+	count(counter);
+	return XDP_PASS;
+}
+
+static __always_inline int redirect(struct xdp_md *ctx, enum counter rule)
+{
+	count(rule);
+	long verdict = bpf_redirect_map(&xsks, ctx->rx_queue_index, XDP_PASS);
+	count(verdict == XDP_REDIRECT ? CNT_REDIRECTED : CNT_NO_SOCKET);
+	return verdict;
+}
+
+static __always_inline __u32 addr_flags(const __u8 *addr)
+{
+	/* addr is the start of a svc_key, whose first 16 bytes are an
+	 * addr_key. */
+	__u32 *v = bpf_map_lookup_elem(&addrs, addr);
+
+	return v ? *v : 0;
+}
+
+static __always_inline int in_snat_range(__be16 port)
+{
+	__u32 zero = 0;
+	struct snat_range *r = bpf_map_lookup_elem(&config, &zero);
+
+	if (!r || r->lo == 0)
+		return 0;
+	__u16 p = bpf_ntohs(port);
+	return p >= r->lo && p <= r->hi;
+}
+
+static __always_inline int in_map(void *map, const struct svc_key *k)
+{
+	return bpf_map_lookup_elem(map, k) != 0;
+}
+
+/* quote_is_ours parses the packet an ICMP error quotes, at pos, and reports
+ * whether xdproxy sent or forwarded it. Only eight bytes of its L4 header
+ * are guaranteed to be quoted, enough for ports and an echo id. */
+static __always_inline int quote_is_ours(void *pos, void *end, int family)
+{
+	struct flow in;
+	struct ip_info ip = {};
+	int r;
+
+	__builtin_memset(&in, 0, sizeof(in));
+	if (family == 4)
+		r = parse_ipv4(&pos, end, &in, &ip);
+	else
+		r = parse_ipv6(&pos, end, &in, &ip, 0);
+	if (r != IP_OK)
+		return 0;
+
+	in.src.proto = ip.proto;
+	in.dst.proto = ip.proto;
+	if (ip.proto == IPPROTO_TCP || ip.proto == IPPROTO_UDP) {
+		struct ports *p = pos;
+		if ((void *)(p + 1) > end)
+			return 0;
+		in.src.port = p->src;
+		in.dst.port = p->dst;
+	} else if (is_icmp(&ip)) {
+		struct icmphdr *ic = pos;
+		if ((void *)(ic + 1) > end || !is_echo(&ip, ic->type))
+			return 0;
+		in.src.port = ic->id;
+		in.dst.port = ic->id;
+	} else {
+		return 0;
+	}
+
+	if (in_map(&backends, &in.dst))
+		return 1; /* about a packet we forwarded to an endpoint */
+	if (in_map(&frontends, &in.dst) || in_map(&frontends, &in.src))
+		return 1; /* about a packet to or from a service frontend */
+	if ((addr_flags(in.src.addr) & ADDR_NODE) && in_snat_range(in.src.port))
+		return 1; /* about a packet we sent from an SNAT port */
+	return 0;
+}
+
+SEC("xdp")
+int xdproxy_xdp(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct ip_info ip = {};
+	struct flow f;
+	int r;
+
+	__builtin_memset(&f, 0, sizeof(f));
+
+	if ((void *)(eth + 1) > end)
+		return pass(CNT_PARSE_FAILED);
+	__be16 proto = eth->proto;
+	void *pos = eth + 1;
+
+	if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD)) {
+		struct vlanhdr *vh = pos;
+		if ((void *)(vh + 1) > end)
+			return pass(CNT_PARSE_FAILED);
+		proto = vh->proto;
+		pos = vh + 1;
+	}
+
+	if (proto == bpf_htons(ETH_P_IP))
+		r = parse_ipv4(&pos, end, &f, &ip);
+	else if (proto == bpf_htons(ETH_P_IPV6))
+		r = parse_ipv6(&pos, end, &f, &ip, 1);
+	else
+		return pass(CNT_PASSED); /* ARP, LLDP, a second VLAN tag, ... */
+
+	if (r == IP_BAD)
+		return pass(CNT_PARSE_FAILED);
+	if (r == IP_LATER_FRAGMENT) {
+		if ((addr_flags(f.dst.addr) & ADDR_VIP) ||
+		    (addr_flags(f.src.addr) & ADDR_BACKEND))
+			return redirect(ctx, CNT_MATCH_FRAGMENT);
+		return pass(CNT_PASSED);
+	}
+
+	r = parse_l4(&pos, end, &f, &ip);
+	if (r == L4_BAD)
+		return pass(CNT_PARSE_FAILED);
+	if (r == L4_OTHER)
+		return pass(CNT_PASSED);
+	if (r == L4_ICMP_ERROR) {
+		if (quote_is_ours(pos, end, ip.family))
+			return redirect(ctx, CNT_MATCH_ICMP_ERROR);
+		return pass(CNT_PASSED);
+	}
+
+	if (in_map(&frontends, &f.dst))
+		return redirect(ctx, CNT_MATCH_FRONTEND);
+	if (in_map(&backends, &f.src))
+		return redirect(ctx, CNT_MATCH_BACKEND);
+	/* The identifier of an echo request is the sender's choice: only a
+	 * reply can be for one of our SNAT ids. */
+	if (!f.echo_request && (addr_flags(f.dst.addr) & ADDR_NODE) &&
+	    in_snat_range(f.dst.port))
+		return redirect(ctx, CNT_MATCH_SNAT);
+	return pass(CNT_PASSED);
+}
+
+char _license[] SEC("license") = "Dual MIT/GPL";

@@ -1,0 +1,46 @@
+package xdp
+
+import "fmt"
+
+// Counters are the program's counters summed over CPUs and over the
+// programs of all interfaces. Every frame the programs saw is in exactly
+// one of Redirected, Passed, NoSocket and ParseFailed; the Match counters
+// say which rule claimed the frames in Redirected and NoSocket.
+type Counters struct {
+	Redirected  uint64 // into an AF_XDP socket
+	Passed      uint64 // to the kernel: not xdproxy's
+	NoSocket    uint64 // xdproxy's, but no socket on the queue: passed
+	ParseFailed uint64 // headers cut short or malformed: passed
+
+	MatchFrontend  uint64 // destination is a frontend
+	MatchBackend   uint64 // source is a backend (a reply)
+	MatchSNAT      uint64 // to a node address and SNAT port (a reply)
+	MatchFragment  uint64 // non-first fragment to a VIP or from a backend
+	MatchICMPError uint64 // ICMP error quoting one of xdproxy's packets
+}
+
+// Counters reads the counters.
+func (o *Objects) Counters() (Counters, error) {
+	var c Counters
+	fields := [bpfCounterCNT_MAX]*uint64{
+		bpfCounterCNT_REDIRECTED:       &c.Redirected,
+		bpfCounterCNT_PASSED:           &c.Passed,
+		bpfCounterCNT_NO_SOCKET:        &c.NoSocket,
+		bpfCounterCNT_PARSE_FAILED:     &c.ParseFailed,
+		bpfCounterCNT_MATCH_FRONTEND:   &c.MatchFrontend,
+		bpfCounterCNT_MATCH_BACKEND:    &c.MatchBackend,
+		bpfCounterCNT_MATCH_SNAT:       &c.MatchSNAT,
+		bpfCounterCNT_MATCH_FRAGMENT:   &c.MatchFragment,
+		bpfCounterCNT_MATCH_ICMP_ERROR: &c.MatchICMPError,
+	}
+	var perCPU []uint64
+	for i, f := range fields {
+		if err := o.counters.Lookup(bpfCounter(i), &perCPU); err != nil {
+			return Counters{}, fmt.Errorf("xdp: reading counter %d: %w", i, err)
+		}
+		for _, v := range perCPU {
+			*f += v
+		}
+	}
+	return c, nil
+}

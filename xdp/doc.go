@@ -1,0 +1,27 @@
+// Package xdp loads and attaches xdproxy's XDP program, which sends into
+// AF_XDP sockets only the frames xdproxy owns and lets everything else
+// (ARP, SSH, pod traffic that is no service's) continue into the kernel.
+//
+// The program (bpf/xdp.c, compiled by bpf2go; the generated bpf_*.go and
+// bpf_*.o files are committed) matches a frame against four tables that
+// this package keeps: service frontends, backend endpoints, flagged
+// addresses and the SNAT port range. The C file's header comment gives the
+// decision order. It never drops: a frame it cannot parse is passed, and a
+// frame it claims for a queue with no socket is passed too (and counted).
+//
+// Lifetimes. Load creates the tables once; they are shared by the programs
+// of every interface. Attach loads one program per interface, with its own
+// XSKMAP, because receive queue numbers repeat across interfaces, and
+// attaches it through a bpf_link: if the process dies, the kernel detaches
+// the program with the last file descriptor. Attach also replaces a
+// program of ours that an older xdproxy left attached through netlink, and
+// refuses to touch anyone else's. Close every Attachment before closing
+// the Objects. Attach must run on a thread in the network namespace of the
+// interface.
+//
+// Objects and Attachment methods may be called from several goroutines;
+// SetTables calls are serialised. Nothing here runs per packet.
+//
+// No package outside xdp imports cilium/ebpf for this program: the types
+// here use dataplane/packet's Addr and Proto.
+package xdp

@@ -1,0 +1,153 @@
+package xdp
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
+)
+
+// ProgramName is the kernel name of xdproxy's XDP program, by which Attach
+// recognises a program an earlier xdproxy left behind.
+const ProgramName = bpfProgXdproxyXdp
+
+// Default table sizes.
+const (
+	DefaultMaxFrontends = 65536
+	DefaultMaxBackends  = 65536
+	DefaultMaxAddrs     = 4096
+)
+
+// Options size the shared tables; zero fields take the defaults. Every
+// entry costs kernel memory up front (the hash maps are preallocated).
+type Options struct {
+	MaxFrontends int
+	MaxBackends  int
+	MaxAddrs     int
+}
+
+func (o Options) withDefaults() Options {
+	if o.MaxFrontends == 0 {
+		o.MaxFrontends = DefaultMaxFrontends
+	}
+	if o.MaxBackends == 0 {
+		o.MaxBackends = DefaultMaxBackends
+	}
+	if o.MaxAddrs == 0 {
+		o.MaxAddrs = DefaultMaxAddrs
+	}
+	return o
+}
+
+// Objects holds the tables shared by every interface's program.
+type Objects struct {
+	opts  Options
+	spec  *ebpf.CollectionSpec // sized; Attach loads programs from it
+	cache *btf.Cache
+
+	frontends, backends, addrs, config, counters *ebpf.Map
+
+	mu    sync.Mutex  // serialises SetTables
+	state *tableState // nil: read the maps back before the next sync
+}
+
+// Load creates the shared tables and checks that the kernel accepts the
+// program, so that a verifier rejection shows at start-up, not at the
+// first Attach.
+func Load(opts Options) (*Objects, error) {
+	opts = opts.withDefaults()
+	for _, n := range []int{opts.MaxFrontends, opts.MaxBackends, opts.MaxAddrs} {
+		if n < 1 || n > 1<<24 {
+			return nil, fmt.Errorf("xdp: table size %d out of range 1..%d", n, 1<<24)
+		}
+	}
+	spec, err := loadBpf()
+	if err != nil {
+		return nil, err
+	}
+	spec.Maps[bpfMapFrontends].MaxEntries = uint32(opts.MaxFrontends)
+	spec.Maps[bpfMapBackends].MaxEntries = uint32(opts.MaxBackends)
+	spec.Maps[bpfMapAddrs].MaxEntries = uint32(opts.MaxAddrs)
+
+	o := &Objects{opts: opts, spec: spec, cache: btf.NewCache()}
+	for name, m := range map[string]**ebpf.Map{
+		bpfMapFrontends: &o.frontends,
+		bpfMapBackends:  &o.backends,
+		bpfMapAddrs:     &o.addrs,
+		bpfMapConfig:    &o.config,
+		bpfMapCounters:  &o.counters,
+	} {
+		if *m, err = ebpf.NewMap(spec.Maps[name]); err != nil {
+			o.Close()
+			return nil, fmt.Errorf("xdp: creating map %s: %w", name, err)
+		}
+	}
+	// The maps are new and empty: nothing to read back.
+	o.state = &tableState{
+		frontends: map[bpfSvcKey]struct{}{},
+		backends:  map[bpfSvcKey]struct{}{},
+		addrs:     map[bpfAddrKey]uint32{},
+	}
+
+	inst, err := o.newInstance(1)
+	if err != nil {
+		o.Close()
+		return nil, err
+	}
+	inst.close()
+	return o, nil
+}
+
+// Close releases the tables. Programs still attached keep their own
+// references, so Close every Attachment first.
+func (o *Objects) Close() error {
+	var errs []error
+	for _, m := range []*ebpf.Map{o.frontends, o.backends, o.addrs, o.config, o.counters} {
+		if m != nil {
+			errs = append(errs, m.Close())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// instance is one loaded program with its own XSKMAP.
+type instance struct {
+	prog *ebpf.Program
+	xsks *ebpf.Map
+}
+
+// newInstance loads a program whose XSKMAP has room for queues receive
+// queues, sharing every other map with o.
+func (o *Objects) newInstance(queues int) (*instance, error) {
+	spec := o.spec.Copy()
+	spec.Maps[bpfMapXsks].MaxEntries = uint32(queues)
+	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{
+		MapReplacements: map[string]*ebpf.Map{
+			bpfMapFrontends: o.frontends,
+			bpfMapBackends:  o.backends,
+			bpfMapAddrs:     o.addrs,
+			bpfMapConfig:    o.config,
+			bpfMapCounters:  o.counters,
+		},
+		Cache: o.cache,
+	})
+	if err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, fmt.Errorf("xdp: kernel rejected the program: %+v", ve)
+		}
+		return nil, fmt.Errorf("xdp: loading program: %w", err)
+	}
+	inst := &instance{
+		prog: coll.DetachProgram(bpfProgXdproxyXdp),
+		xsks: coll.DetachMap(bpfMapXsks),
+	}
+	coll.Close() // only the clones of the shared maps are left in it
+	return inst, nil
+}
+
+func (i *instance) close() error {
+	return errors.Join(i.prog.Close(), i.xsks.Close())
+}

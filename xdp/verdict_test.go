@@ -1,0 +1,342 @@
+package xdp
+
+import (
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/google/gopacket"
+	"github.com/google/gopacket/layers"
+	"golang.org/x/sys/unix"
+
+	"github.com/xdproxy/xdproxy/dataplane/packet"
+)
+
+// Verdicts of the program (enum xdp_action).
+const (
+	xdpPass     = 2
+	xdpRedirect = 4
+)
+
+// rule is the outcome a frame should get: the counter it lands in.
+type rule int
+
+const (
+	passed rule = iota
+	parseFailed
+	frontend
+	backend
+	snat
+	fragment
+	icmpError
+)
+
+var ruleNames = map[rule]string{passed: "passed", parseFailed: "parse_failed", frontend: "frontend",
+	backend: "backend", snat: "snat", fragment: "fragment", icmpError: "icmp_error"}
+
+func (r rule) String() string { return ruleNames[r] }
+
+// testTables are the tables every verdict case runs against.
+func testTables(t *testing.T, o *Objects) {
+	t.Helper()
+	a := packet.MustParseAddr
+	frontends := []Key{
+		{a(vip4), 80, packet.ProtoTCP},
+		{a(vip4), 53, packet.ProtoUDP},
+		{a(node4), 30080, packet.ProtoTCP}, // a NodePort
+		{a(vip6), 443, packet.ProtoTCP},
+		{a(vip6), 53, packet.ProtoUDP},
+	}
+	backends := []Key{
+		{a(backend4), 8080, packet.ProtoTCP},
+		{a(backend4), 5353, packet.ProtoUDP},
+		{a(backend6), 8443, packet.ProtoTCP},
+	}
+	addrs := map[packet.Addr]Flags{
+		a(node4): FlagNode, a(vip4): FlagVIP, a(backend4): FlagBackend,
+		a(node6): FlagNode, a(vip6): FlagVIP, a(backend6): FlagBackend,
+	}
+	if err := o.SetTables(frontends, backends, addrs, PortRange{40000, 49999}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type verdictCase struct {
+	name  string
+	frame []byte
+	want  rule
+}
+
+func verdictCases(t *testing.T) []verdictCase {
+	tcpTo := func(dst string, dport uint16) []byte { return tcp4(t, client4, 12345, dst, dport) }
+	ip := ip4
+	quoteTCP4 := func(src string, sport uint16, dst string, dport uint16) []byte {
+		return ipPacket(t, ip(src, dst, layers.IPProtocolTCP), tcp(sport, dport))
+	}
+	quoteTCP6 := func(src string, sport uint16, dst string, dport uint16) []byte {
+		return ipPacket(t, ip6(src, dst, layers.IPProtocolTCP), tcp(sport, dport))
+	}
+	laterPayload := gopacket.Payload(make([]byte, 64))
+
+	return []verdictCase{
+		// Frontends.
+		{"tcp4 to cluster IP", tcpTo(vip4, 80), frontend},
+		{"udp4 to cluster IP", udp4(t, client4, 5000, vip4, 53), frontend},
+		{"tcp4 to node port", tcpTo(node4, 30080), frontend},
+		{"tcp4 to cluster IP, other port", tcpTo(vip4, 81), passed},
+		{"udp4 to a TCP frontend port", udp4(t, client4, 5000, vip4, 80), passed},
+		{"tcp4 ssh to node", tcpTo(node4, 22), passed},
+		{"tcp4 unrelated", tcp4(t, client4, 1000, remote4, 80), passed},
+		{"tcp4 to cluster IP in VLAN", serialize(t, eth(layers.EthernetTypeDot1Q),
+			&layers.Dot1Q{VLANIdentifier: 7, Type: layers.EthernetTypeIPv4},
+			ip4(client4, vip4, layers.IPProtocolTCP), tcp(12345, 80)), frontend},
+		{"tcp4 to cluster IP with IP options", func() []byte {
+			h := ip4(client4, vip4, layers.IPProtocolTCP)
+			h.Options = []layers.IPv4Option{{OptionType: 148, OptionLength: 4, OptionData: []byte{0, 0}}}
+			return serialize(t, eth(layers.EthernetTypeIPv4), h, tcp(12345, 80))
+		}(), frontend},
+		{"tcp6 to cluster IP", tcp6(t, client6, 12345, vip6, 443), frontend},
+		{"udp6 to cluster IP", udp6(t, client6, 5000, vip6, 53), frontend},
+		{"tcp6 unrelated", tcp6(t, client6, 12345, remote6, 443), passed},
+
+		// Replies from backends.
+		{"tcp4 reply from backend", tcp4(t, backend4, 8080, client4, 12345), backend},
+		{"udp4 reply from backend", udp4(t, backend4, 5353, client4, 5000), backend},
+		{"tcp4 from backend, other port", tcp4(t, backend4, 9999, client4, 12345), passed},
+		{"tcp6 reply from backend", tcp6(t, backend6, 8443, client6, 12345), backend},
+
+		// Replies to SNAT ports.
+		{"tcp4 to SNAT port, low end", tcp4(t, remote4, 443, node4, 40000), snat},
+		{"tcp4 to SNAT port, high end", tcp4(t, remote4, 443, node4, 49999), snat},
+		{"tcp4 to node below SNAT range", tcp4(t, remote4, 443, node4, 39999), passed},
+		{"tcp4 to node above SNAT range", tcp4(t, remote4, 443, node4, 50000), passed},
+		{"tcp4 to SNAT port of a non-node address", tcp4(t, remote4, 443, client4, 45000), passed},
+		{"udp4 to SNAT port", udp4(t, remote4, 53, node4, 45000), snat},
+		{"tcp6 to SNAT port", tcp6(t, remote6, 443, node6, 40001), snat},
+		{"echo4 reply to SNAT id", echo4(t, remote4, node4, 0, 41000), snat},
+		{"echo4 reply to node, other id", echo4(t, remote4, node4, 0, 100), passed},
+		{"echo4 request to node", echo4(t, client4, node4, 8, 100), passed},
+		{"echo6 reply to SNAT id", echo6(t, remote6, node6, 129, 41000), snat},
+		{"echo6 request to node, id in SNAT range", echo6(t, client6, node6, 128, 41000), passed},
+		{"echo4 request to node, id in SNAT range", echo4(t, client4, node4, 8, 41000), passed},
+
+		// Fragments.
+		{"ipv4 first fragment to cluster IP", frag4(t, client4, vip4, 0, true, tcp(12345, 80)), frontend},
+		{"ipv4 later fragment to VIP", frag4(t, client4, vip4, 1480, true, laterPayload), fragment},
+		{"ipv4 last fragment to VIP", frag4(t, client4, vip4, 1480, false, laterPayload), fragment},
+		{"ipv4 later fragment from backend", frag4(t, backend4, client4, 1480, false, laterPayload), fragment},
+		{"ipv4 later fragment to node", frag4(t, client4, node4, 1480, false, laterPayload), passed},
+		{"ipv4 later fragment unrelated", frag4(t, client4, remote4, 1480, false, laterPayload), passed},
+		{"ipv6 first fragment to cluster IP", frag6(t, client6, vip6, layers.IPProtocolUDP, 0, true, udp(5000, 53)), frontend},
+		{"ipv6 later fragment to VIP", frag6(t, client6, vip6, layers.IPProtocolUDP, 1448, false, laterPayload), fragment},
+		{"ipv6 later fragment from backend", frag6(t, backend6, client6, layers.IPProtocolTCP, 1448, true, laterPayload), fragment},
+		{"ipv6 later fragment unrelated", frag6(t, client6, remote6, layers.IPProtocolUDP, 1448, false, laterPayload), passed},
+
+		// ICMP errors.
+		{"icmp4 unreachable about a packet to a backend", icmpErr4(t, client4, 3, 3, quoteTCP4(client4, 12345, backend4, 8080)), icmpError},
+		{"icmp4 frag needed about an SNAT packet", icmpErr4(t, node4, 3, 4, quoteTCP4(node4, 40001, remote4, 443)), icmpError},
+		{"icmp4 time exceeded about a reply from a VIP", icmpErr4(t, vip4, 11, 0, quoteTCP4(vip4, 80, client4, 12345)), icmpError},
+		{"icmp4 unreachable about a packet to a VIP", icmpErr4(t, client4, 3, 1, quoteTCP4(client4, 12345, vip4, 80)), icmpError},
+		{"icmp4 param problem about an SNAT udp packet", icmpErr4(t, node4, 12, 0,
+			ipPacket(t, ip(node4, remote4, layers.IPProtocolUDP), udp(45000, 53))), icmpError},
+		{"icmp4 unreachable about an SNAT echo", icmpErr4(t, node4, 3, 1,
+			ipPacket(t, ip(node4, remote4, layers.IPProtocolICMPv4), &layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(8, 0), Id: 42000})), icmpError},
+		{"icmp4 unreachable about node ssh", icmpErr4(t, node4, 3, 3, quoteTCP4(node4, 22, client4, 5555)), passed},
+		{"icmp4 unreachable about node port below SNAT", icmpErr4(t, node4, 3, 3, quoteTCP4(node4, 39999, remote4, 443)), passed},
+		{"icmp4 redirect quoting an SNAT packet", icmpErr4(t, node4, 5, 0, quoteTCP4(node4, 40001, remote4, 443)), passed},
+		{"icmp4 error with quote cut short", icmpErr4(t, node4, 3, 4, quoteTCP4(node4, 40001, remote4, 443)[:22]), passed},
+		{"icmp4 error quoting a later fragment", icmpErr4(t, node4, 11, 1, edit(quoteTCP4(client4, 12345, backend4, 8080), func(b []byte) []byte {
+			b[6], b[7] = 0, 10
+			return b
+		})), passed},
+		{"icmp4 error in a fragment", edit(icmpErr4(t, node4, 3, 4, quoteTCP4(node4, 40001, remote4, 443)), func(b []byte) []byte {
+			b[14+6] |= 0x20 // more fragments
+			return b
+		}), passed},
+		{"icmp6 too big about an SNAT packet", icmpErr6(t, node6, 2, 0, quoteTCP6(node6, 40001, remote6, 443)), icmpError},
+		{"icmp6 unreachable about a packet to a backend", icmpErr6(t, client6, 1, 4, quoteTCP6(client6, 12345, backend6, 8443)), icmpError},
+		{"icmp6 time exceeded about a reply from a VIP", icmpErr6(t, vip6, 3, 0, quoteTCP6(vip6, 443, client6, 12345)), icmpError},
+		{"icmp6 unreachable about node traffic", icmpErr6(t, node6, 1, 4, quoteTCP6(node6, 22, client6, 5555)), passed},
+		{"icmp6 neighbour solicitation", serialize(t, eth(layers.EthernetTypeIPv6), ip6(client6, node6, layers.IPProtocolICMPv6),
+			&layers.ICMPv6{TypeCode: layers.CreateICMPv6TypeCode(135, 0)}, gopacket.Payload(make([]byte, 20))), passed},
+
+		// Not IP, or IP xdproxy does not handle.
+		{"arp", arp(t), passed},
+		{"two VLAN tags", serialize(t, eth(layers.EthernetTypeQinQ),
+			&layers.Dot1Q{VLANIdentifier: 7, Type: layers.EthernetTypeDot1Q},
+			&layers.Dot1Q{VLANIdentifier: 8, Type: layers.EthernetTypeIPv4},
+			ip4(client4, vip4, layers.IPProtocolTCP), tcp(12345, 80)), passed},
+		{"ipv6 hop-by-hop header to cluster IP", serialize(t, eth(layers.EthernetTypeIPv6),
+			ip6(client6, vip6, layers.IPProtocolIPv6HopByHop),
+			gopacket.Payload(append([]byte{byte(layers.IPProtocolTCP), 0, 1, 4, 0, 0, 0, 0}, ipPacket(t, tcp(12345, 443))...))), passed},
+		{"icmpv4 inside ipv6", serialize(t, eth(layers.EthernetTypeIPv6), ip6(remote6, node6, layers.IPProtocolICMPv4),
+			&layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(0, 0), Id: 41000}), passed},
+		{"gre to VIP", serialize(t, eth(layers.EthernetTypeIPv4), ip4(client4, vip4, layers.IPProtocolGRE), gopacket.Payload(make([]byte, 8))), passed},
+
+		// Malformed: passed and counted.
+		{"ethernet header only", tcpTo(vip4, 80)[:14], parseFailed},
+		{"vlan tag cut", serialize(t, eth(layers.EthernetTypeDot1Q), gopacket.Payload([]byte{0, 7}))[:16], parseFailed}, // gopacket pads to 60 bytes
+		{"ipv4 header cut", tcpTo(vip4, 80)[:14+19], parseFailed},
+		{"ipv4 version 6", edit(tcpTo(vip4, 80), func(b []byte) []byte { b[14] = 0x65; return b }), parseFailed},
+		{"ipv4 ihl 4", edit(tcpTo(vip4, 80), func(b []byte) []byte { b[14] = 0x44; return b }), parseFailed},
+		{"ipv4 ihl beyond frame", edit(tcpTo(vip4, 80), func(b []byte) []byte { b[14] = 0x4f; return b[:14+40] }), parseFailed},
+		{"tcp4 header cut", tcpTo(vip4, 80)[:14+20+19], parseFailed},
+		{"udp4 header cut", udp4(t, client4, 5000, vip4, 53)[:14+20+7], parseFailed},
+		{"icmp4 header cut", echo4(t, remote4, node4, 0, 41000)[:14+20+7], parseFailed},
+		{"ipv6 header cut", tcp6(t, client6, 12345, vip6, 443)[:14+39], parseFailed},
+		{"ipv6 version 4", edit(tcp6(t, client6, 12345, vip6, 443), func(b []byte) []byte { b[14] = 0x40; return b }), parseFailed},
+		{"ipv6 fragment header cut", frag6(t, client6, vip6, layers.IPProtocolUDP, 0, true, udp(5000, 53))[:14+40+7], parseFailed},
+		{"tcp6 header cut", tcp6(t, client6, 12345, vip6, 443)[:14+40+19], parseFailed},
+	}
+}
+
+// newTestInstance loads the program with the test tables, not attached.
+func newTestInstance(t *testing.T) (*Objects, *Attachment) {
+	t.Helper()
+	requireRoot(t)
+	o, err := Load(Options{MaxFrontends: 64, MaxBackends: 64, MaxAddrs: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { o.Close() })
+	testTables(t, o)
+	inst, err := o.newInstance(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { inst.close() })
+	// An Attachment without a link: RegisterSocket works on it, and
+	// BPF_PROG_RUN needs no interface.
+	return o, &Attachment{ifname: "test", inst: inst}
+}
+
+func (c Counters) minus(d Counters) Counters {
+	return Counters{
+		Redirected: c.Redirected - d.Redirected, Passed: c.Passed - d.Passed,
+		NoSocket: c.NoSocket - d.NoSocket, ParseFailed: c.ParseFailed - d.ParseFailed,
+		MatchFrontend: c.MatchFrontend - d.MatchFrontend, MatchBackend: c.MatchBackend - d.MatchBackend,
+		MatchSNAT: c.MatchSNAT - d.MatchSNAT, MatchFragment: c.MatchFragment - d.MatchFragment,
+		MatchICMPError: c.MatchICMPError - d.MatchICMPError,
+	}
+}
+
+// wantCounters is the counter change one frame under rule r causes.
+func wantCounters(r rule, socket bool) Counters {
+	var c Counters
+	switch r {
+	case passed:
+		c.Passed = 1
+		return c
+	case parseFailed:
+		c.ParseFailed = 1
+		return c
+	case frontend:
+		c.MatchFrontend = 1
+	case backend:
+		c.MatchBackend = 1
+	case snat:
+		c.MatchSNAT = 1
+	case fragment:
+		c.MatchFragment = 1
+	case icmpError:
+		c.MatchICMPError = 1
+	}
+	if socket {
+		c.Redirected = 1
+	} else {
+		c.NoSocket = 1
+	}
+	return c
+}
+
+// runFrame runs the program once on frame and returns its verdict and the
+// counter change.
+func runFrame(t *testing.T, o *Objects, a *Attachment, frame []byte) (uint32, Counters) {
+	t.Helper()
+	before, err := o.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ret, err := a.inst.prog.Run(&ebpf.RunOptions{Data: frame})
+	if err != nil {
+		t.Fatalf("BPF_PROG_RUN: %v", err)
+	}
+	after, err := o.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ret, after.minus(before)
+}
+
+// xskSocket opens an AF_XDP socket. The XSKMAP accepts it unbound, which
+// is all BPF_PROG_RUN needs: the redirect target is only looked up.
+func xskSocket(t *testing.T) int {
+	t.Helper()
+	fd, err := unix.Socket(unix.AF_XDP, unix.SOCK_RAW, 0)
+	if err != nil {
+		t.Fatalf("AF_XDP socket: %v", err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	return fd
+}
+
+func TestVerdicts(t *testing.T) {
+	o, a := newTestInstance(t)
+	cases := verdictCases(t)
+	for _, socket := range []bool{false, true} {
+		if socket {
+			if err := a.RegisterSocket(0, xskSocket(t)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, c := range cases {
+			name := c.name
+			if socket {
+				name += " (socket)"
+			}
+			t.Run(name, func(t *testing.T) {
+				ret, got := runFrame(t, o, a, c.frame)
+				want := uint32(xdpPass)
+				if socket && c.want != passed && c.want != parseFailed {
+					want = xdpRedirect
+				}
+				if ret != want {
+					t.Errorf("verdict %d, want %d (%v)", ret, want, c.want)
+				}
+				if w := wantCounters(c.want, socket); got != w {
+					t.Errorf("counters changed by %+v, want %+v (%v)", got, w, c.want)
+				}
+			})
+		}
+	}
+	if err := a.UnregisterSocket(0); err != nil {
+		t.Fatal(err)
+	}
+	ret, got := runFrame(t, o, a, verdictCases(t)[0].frame)
+	if ret != xdpPass || got != wantCounters(frontend, false) {
+		t.Errorf("after UnregisterSocket: verdict %d, counters %+v; want pass and no_socket", ret, got)
+	}
+}
+
+// TestTruncatedFrames runs every case cut at every length the kernel lets
+// BPF_PROG_RUN take (an Ethernet header and up): each must give a verdict
+// and land in exactly one of the four outcome counters.
+func TestTruncatedFrames(t *testing.T) {
+	o, a := newTestInstance(t)
+	if err := a.RegisterSocket(0, xskSocket(t)); err != nil {
+		t.Fatal(err)
+	}
+	runs := 0
+	for _, c := range verdictCases(t) {
+		for n := 14; n < len(c.frame); n++ {
+			ret, got := runFrame(t, o, a, c.frame[:n])
+			if ret != xdpPass && ret != xdpRedirect {
+				t.Fatalf("%s cut to %d bytes: verdict %d", c.name, n, ret)
+			}
+			if sum := got.Redirected + got.Passed + got.NoSocket + got.ParseFailed; sum != 1 {
+				t.Fatalf("%s cut to %d bytes: counters %+v", c.name, n, got)
+			}
+			runs++
+		}
+	}
+	t.Logf("%d truncated frames", runs)
+}
