@@ -286,3 +286,7 @@ var clockStart = time.Now()
 
 // monotonicNow is nanoseconds on the monotonic clock (vDSO, no syscall).
 func monotonicNow() int64 { return int64(time.Since(clockStart)) }
+
+// MonotonicNow is the clock workers pass to Process and conntrack, for
+// callers outside the dataplane (the admin dump).
+func MonotonicNow() int64 { return monotonicNow() }

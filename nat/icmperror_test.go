@@ -25,7 +25,8 @@ type icmpErrorSpec struct {
 
 func (e icmpErrorSpec) build(t testing.TB) []byte {
 	t.Helper()
-	quote := e.inner.build(t)[l4Offset(e.inner)-ipHeaderLen(e.inner):]
+	inner := e.inner.build(t)
+	quote := inner[l4Offset(e.inner)-ipHeaderLen(e.inner) : ipEnd(inner, e.inner)]
 	if e.cut > 0 {
 		quote = quote[:e.cut]
 	}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	asavie "github.com/asavie/xdp"
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/google/gopacket"
@@ -434,4 +435,117 @@ func ping(src, dst string) error {
 		}
 	}
 	return fmt.Errorf("no echo reply from %s", dst)
+}
+
+// TestTrafficReachesSockets attaches with an AF_XDP socket on every queue:
+// UDP to a frontend must arrive in the sockets, not in the kernel, while
+// ping to the same host still works.
+func TestTrafficReachesSockets(t *testing.T) {
+	requireRoot(t)
+	for _, mode := range []Mode{Native, Generic} {
+		t.Run(mode.String(), func(t *testing.T) {
+			a, b := vethPair(t)
+			o := loadSmall(t)
+			const port = 7777
+			frontends := []Key{{packet.MustParseAddr("198.18.0.2"), port, packet.ProtoUDP}}
+			if err := o.SetTables(frontends, nil, nil, PortRange{}); err != nil {
+				t.Fatal(err)
+			}
+			var at *Attachment
+			var socks []*asavie.Socket
+			var kernel net.PacketConn
+			err := inNetns(b, func() error {
+				l, err := netlink.LinkByName("b0")
+				if err != nil {
+					return err
+				}
+				if at, err = o.Attach(l.Attrs().Index, mode); err != nil {
+					return err
+				}
+				// NumRxQueues counts allocated queues; binding fails
+				// past the ones in use (one, for a default veth).
+				for q := range l.Attrs().NumRxQueues {
+					s, err := asavie.NewSocket(l.Attrs().Index, q, nil)
+					if err != nil && q > 0 {
+						break
+					}
+					if err != nil {
+						return fmt.Errorf("queue %d: %w", q, err)
+					}
+					socks = append(socks, s)
+					s.Fill(s.GetDescs(s.NumFreeFillSlots()))
+					if err := at.RegisterSocket(q, s.FD()); err != nil {
+						return err
+					}
+				}
+				// The kernel's listener on the same port must get nothing.
+				kernel, err = net.ListenPacket("udp4", fmt.Sprintf("198.18.0.2:%d", port))
+				return err
+			})
+			t.Cleanup(func() {
+				for _, s := range socks {
+					s.Close()
+				}
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer at.Close()
+			defer kernel.Close()
+
+			const sent = 20
+			if err := inNetns(a, func() error {
+				c, err := net.Dial("udp4", fmt.Sprintf("198.18.0.2:%d", port))
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				for range sent {
+					if _, err := c.Write([]byte("to xdproxy")); err != nil {
+						return err
+					}
+				}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+
+			got := 0
+			var p packet.Packet
+			deadline := time.Now().Add(3 * time.Second)
+			for got < sent && time.Now().Before(deadline) {
+				for _, s := range socks {
+					n, _, err := s.Poll(20)
+					if err != nil {
+						t.Fatal(err)
+					}
+					descs := s.Receive(n)
+					for _, d := range descs {
+						if packet.Parse(s.GetFrame(d), &p) == packet.OK && p.DstPort == port {
+							got++
+						}
+					}
+					s.Fill(descs)
+				}
+			}
+			if got != sent {
+				t.Errorf("sockets received %d of %d datagrams", got, sent)
+			}
+			kernel.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+			if n, _, err := kernel.ReadFrom(make([]byte, 100)); err == nil {
+				t.Errorf("the kernel's socket got a %d-byte datagram meant for xdproxy", n)
+			}
+			if err := inNetns(a, func() error { return ping("198.18.0.1", "198.18.0.2") }); err != nil {
+				t.Errorf("ping with sockets registered: %v", err)
+			}
+			c, err := o.Counters()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%v: %+v", mode, c)
+			if c.Redirected != sent || c.NoSocket != 0 {
+				t.Errorf("counters %+v: want %d redirected, none without socket", c, sent)
+			}
+		})
+	}
 }

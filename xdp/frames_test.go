@@ -32,7 +32,7 @@ var (
 	macB = net.HardwareAddr{0x02, 0, 0, 0, 0, 0x0b}
 )
 
-func serialize(t *testing.T, ls ...gopacket.SerializableLayer) []byte {
+func serialize(t testing.TB, ls ...gopacket.SerializableLayer) []byte {
 	t.Helper()
 	buf := gopacket.NewSerializeBuffer()
 	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true}, ls...); err != nil {
@@ -62,46 +62,46 @@ func udp(sport, dport uint16) *layers.UDP {
 }
 
 // tcp4 is an IPv4 TCP frame.
-func tcp4(t *testing.T, src string, sport uint16, dst string, dport uint16) []byte {
+func tcp4(t testing.TB, src string, sport uint16, dst string, dport uint16) []byte {
 	return serialize(t, eth(layers.EthernetTypeIPv4), ip4(src, dst, layers.IPProtocolTCP), tcp(sport, dport))
 }
 
-func udp4(t *testing.T, src string, sport uint16, dst string, dport uint16) []byte {
+func udp4(t testing.TB, src string, sport uint16, dst string, dport uint16) []byte {
 	return serialize(t, eth(layers.EthernetTypeIPv4), ip4(src, dst, layers.IPProtocolUDP), udp(sport, dport))
 }
 
-func tcp6(t *testing.T, src string, sport uint16, dst string, dport uint16) []byte {
+func tcp6(t testing.TB, src string, sport uint16, dst string, dport uint16) []byte {
 	return serialize(t, eth(layers.EthernetTypeIPv6), ip6(src, dst, layers.IPProtocolTCP), tcp(sport, dport))
 }
 
-func udp6(t *testing.T, src string, sport uint16, dst string, dport uint16) []byte {
+func udp6(t testing.TB, src string, sport uint16, dst string, dport uint16) []byte {
 	return serialize(t, eth(layers.EthernetTypeIPv6), ip6(src, dst, layers.IPProtocolUDP), udp(sport, dport))
 }
 
-func echo4(t *testing.T, src, dst string, typ uint8, id uint16) []byte {
+func echo4(t testing.TB, src, dst string, typ uint8, id uint16) []byte {
 	return serialize(t, eth(layers.EthernetTypeIPv4), ip4(src, dst, layers.IPProtocolICMPv4),
 		&layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(typ, 0), Id: id, Seq: 1})
 }
 
-func echo6(t *testing.T, src, dst string, typ uint8, id uint16) []byte {
+func echo6(t testing.TB, src, dst string, typ uint8, id uint16) []byte {
 	return serialize(t, eth(layers.EthernetTypeIPv6), ip6(src, dst, layers.IPProtocolICMPv6),
 		&layers.ICMPv6{TypeCode: layers.CreateICMPv6TypeCode(typ, 0)},
 		&layers.ICMPv6Echo{Identifier: id, SeqNumber: 1})
 }
 
 // ipPacket returns an IP packet without Ethernet header, for quoting.
-func ipPacket(t *testing.T, ls ...gopacket.SerializableLayer) []byte {
+func ipPacket(t testing.TB, ls ...gopacket.SerializableLayer) []byte {
 	return serialize(t, ls...)
 }
 
 // icmpErr4 is an ICMPv4 error from router4 to dst that quotes quote.
-func icmpErr4(t *testing.T, dst string, typ, code uint8, quote []byte) []byte {
+func icmpErr4(t testing.TB, dst string, typ, code uint8, quote []byte) []byte {
 	return serialize(t, eth(layers.EthernetTypeIPv4), ip4(router4, dst, layers.IPProtocolICMPv4),
 		&layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(typ, code)}, gopacket.Payload(quote))
 }
 
 // icmpErr6 is an ICMPv6 error from router6 to dst that quotes quote.
-func icmpErr6(t *testing.T, dst string, typ, code uint8, quote []byte) []byte {
+func icmpErr6(t testing.TB, dst string, typ, code uint8, quote []byte) []byte {
 	// gopacket's ICMPv6 layer is four bytes; the next four (unused, or
 	// the MTU of Packet Too Big) come before the quote.
 	rest := append([]byte{0, 0, 0x05, 0x00}, quote...)
@@ -110,7 +110,7 @@ func icmpErr6(t *testing.T, dst string, typ, code uint8, quote []byte) []byte {
 }
 
 // frag4 is an IPv4 fragment at byte offset off carrying payload.
-func frag4(t *testing.T, src, dst string, off uint16, more bool, payload ...gopacket.SerializableLayer) []byte {
+func frag4(t testing.TB, src, dst string, off uint16, more bool, payload ...gopacket.SerializableLayer) []byte {
 	ip := ip4(src, dst, layers.IPProtocolTCP)
 	ip.Id = 77
 	ip.FragOffset = off / 8
@@ -123,7 +123,7 @@ func frag4(t *testing.T, src, dst string, off uint16, more bool, payload ...gopa
 // frag6 is an IPv6 fragment at byte offset off whose fragment header says
 // next, followed by payload. gopacket cannot serialise the fragment
 // header, so it is written by hand.
-func frag6(t *testing.T, src, dst string, next layers.IPProtocol, off uint16, more bool, payload ...gopacket.SerializableLayer) []byte {
+func frag6(t testing.TB, src, dst string, next layers.IPProtocol, off uint16, more bool, payload ...gopacket.SerializableLayer) []byte {
 	hdr := make([]byte, 8)
 	hdr[0] = byte(next)
 	fo := off &^ 7
@@ -137,7 +137,7 @@ func frag6(t *testing.T, src, dst string, next layers.IPProtocol, off uint16, mo
 		gopacket.Payload(append(hdr, body...)))
 }
 
-func arp(t *testing.T) []byte {
+func arp(t testing.TB) []byte {
 	return serialize(t, eth(layers.EthernetTypeARP), &layers.ARP{
 		AddrType: layers.LinkTypeEthernet, Protocol: layers.EthernetTypeIPv4,
 		HwAddressSize: 6, ProtAddressSize: 4, Operation: layers.ARPRequest,

@@ -13,7 +13,7 @@ import (
 )
 
 // requireRoot skips tests that need CAP_NET_ADMIN and CAP_BPF.
-func requireRoot(t *testing.T) {
+func requireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates network namespaces and loads BPF programs")

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -430,5 +429,3 @@ func freePorts(n int) ([]int, error) {
 func (p *process) portConflict() bool {
 	return p != nil && strings.Contains(p.logTail(dumpBytes), "address already in use")
 }
-
-var _ = errors.Is

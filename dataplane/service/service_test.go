@@ -146,6 +146,21 @@ func testModel() *Model {
 					ep("198.18.129.110", 80, "node-b", "ready", "zone-b"),
 					ep("198.18.129.111", 80, "node-c", "ready", "zone-c"),
 				}},
+			// Zone hints with no ready endpoint: topology is moot, fall back.
+			{Name: name("ns3", "zones-terminating", ""), Proto: tcp, ClusterIPs: addrs("198.19.0.16"), Port: 80, TopologyAware: true,
+				Endpoints: []Endpoint{
+					ep("198.18.128.140", 80, "node-a", "terminating", "zone-a"),
+					ep("198.18.129.141", 80, "node-b", "terminating", "zone-b"),
+				}},
+			// Dual-stack load balancer with IPv4 source ranges only: as in
+			// kube-proxy, its IPv6 side is not restricted.
+			{Name: name("ns4", "lb-dual", ""), Proto: tcp, ClusterIPs: addrs("198.19.0.17", "fd00:96::17"), Port: 443,
+				LoadBalancerIPs: addrs("198.19.100.17", "2001:db8:100::17"),
+				SourceRanges:    []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")},
+				Endpoints: []Endpoint{
+					ep("198.18.129.150", 443, "node-b", "ready"),
+					ep("fd00:10::150", 443, "node-b", "ready"),
+				}},
 			// Load balancer with source ranges; one range holds the node.
 			{Name: name("ns4", "lb-ranges", ""), Proto: tcp, ClusterIPs: addrs("198.19.0.13"), Port: 443, NodePort: 30443,
 				LoadBalancerIPs: addrs("198.19.100.13"),
@@ -252,6 +267,9 @@ func traceCases() []flowCase {
 		{name: "zone hints not for this zone: all", src: localPod, proto: tcp, dst: "198.19.0.12", port: 80,
 			kind: ClusterIP, backends: "198.18.129.110:80,198.18.129.111:80"},
 
+		{name: "zone hints, nothing ready: all serving-terminating", src: localPod, proto: tcp, dst: "198.19.0.16", port: 80,
+			kind: ClusterIP, backends: "198.18.128.140:80,198.18.129.141:80"},
+
 		// Load-balancer source ranges.
 		{name: "LB source in range", src: allowedC, proto: tcp, dst: "198.19.100.13", port: 443,
 			kind: LoadBalancer, backends: "198.18.129.120:8443", masq: true},
@@ -259,6 +277,12 @@ func traceCases() []flowCase {
 			kind: LoadBalancer, backends: "198.18.129.120:8443", masq: true, denied: true},
 		{name: "LB source is the VIP (node in range)", src: a("198.19.100.13"), proto: tcp, dst: "198.19.100.13", port: 443,
 			kind: LoadBalancer, backends: "198.18.129.120:8443", masq: true},
+		{name: "dual LB: IPv4 outside range denied", src: externalC, proto: tcp, dst: "198.19.100.17", port: 443,
+			kind: LoadBalancer, backends: "198.18.129.150:443", masq: true, denied: true},
+		{name: "dual LB: IPv4 VIP as source denied (no range holds the node)", src: a("198.19.100.17"), proto: tcp, dst: "198.19.100.17", port: 443,
+			kind: LoadBalancer, backends: "198.18.129.150:443", masq: true, denied: true},
+		{name: "dual LB: IPv6 has no ranges of its own", src: a("2001:db8:ffff::1"), proto: tcp, dst: "2001:db8:100::17", port: 443,
+			kind: LoadBalancer, backends: "[fd00:10::150]:443", masq: true},
 		{name: "nodePort ignores source ranges", src: externalC, proto: tcp, dst: "198.18.0.10", port: 30443,
 			kind: NodePort, backends: "198.18.129.120:8443", masq: true},
 

@@ -1,6 +1,7 @@
 package conntrack
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -39,12 +40,18 @@ func junkTranslated(j int) packet.Tuple {
 }
 
 func TestConcurrentWorkers(t *testing.T) {
+	for _, shards := range []int{1, 8} {
+		t.Run(fmt.Sprintf("shards=%d", shards), func(t *testing.T) { testConcurrentWorkers(t, shards) })
+	}
+}
+
+func testConcurrentWorkers(t *testing.T, shards int) {
 	const flows = 1500 // per family; they fit, the flood below makes the table overflow
 	iters := 60000
 	if testing.Short() {
 		iters = 10000
 	}
-	tb := newTable(t, Config{Capacity: 4096, EvictionWindow: 16,
+	tb := newTable(t, Config{Capacity: 4096, EvictionWindow: 16, shards: shards,
 		Timeouts: Timeouts{UDPUnreplied: 2 * time.Second, UDPReplied: 5 * time.Second, TCPSynSent: 3 * time.Second}})
 	snatPorts := PortRange{First: 30000, Last: 39999}
 	var clock atomic.Int64

@@ -61,7 +61,13 @@ func (t *Table) InsertSNAT(orig, translated packet.Tuple, flags Flags, serviceID
 			tried++
 			// A lock-free look first keeps a crowded range from taking
 			// shard locks for ports that are visibly taken.
-			if _, _, taken := t.Lookup(translated.Reverse(), now); taken {
+			if f, d, taken := t.Lookup(translated.Reverse(), now); taken {
+				if d == Reply && f.Rewrite == orig.Reverse() {
+					// The flow itself, inserted before: say so
+					// rather than give it a second port.
+					t.snatTries.Add(uint64(tried - 1))
+					return Handle{}, translated, OrigExists
+				}
 				continue
 			}
 			h, res := t.Insert(orig, translated, flags|SNAT, serviceID, now)

@@ -40,6 +40,8 @@ type Config struct {
 	FragmentTimeout time.Duration
 	// Seed keys the hash; 0 picks a random one.
 	Seed uint64
+
+	shards int // tests force a shard count with it
 }
 
 // Handle names one lifetime of one entry. It is meant to be used right
@@ -222,6 +224,9 @@ func New(cfg Config) (*Table, error) {
 	nShards := 1
 	for nShards < 1<<maxShardBits && nShards*2*entriesPerShrd <= cfg.Capacity {
 		nShards *= 2
+	}
+	if cfg.shards > 0 && cfg.shards <= 1<<maxShardBits && cfg.shards&(cfg.shards-1) == 0 {
+		nShards = cfg.shards
 	}
 	perShard := (cfg.Capacity + nShards - 1) / nShards
 	nSlots := 1 << bits.Len(uint(perShard*slotsPerEntry-1))

@@ -1,0 +1,96 @@
+package dataplane
+
+import (
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf/rlimit"
+
+	"github.com/xdproxy/xdproxy/dataplane/packet"
+	"github.com/xdproxy/xdproxy/dataplane/service"
+	"github.com/xdproxy/xdproxy/dataplane/testbed"
+	"github.com/xdproxy/xdproxy/nat/conntrack"
+	"github.com/xdproxy/xdproxy/xdp"
+	"github.com/xdproxy/xdproxy/xdp/afxdp"
+)
+
+// startEngine runs an in-process Engine in the testbed's node namespace.
+func startEngine(t *testing.T, tb *testbed.Testbed) *Engine {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("this test needs root (make test runs as root)")
+	}
+	if err := rlimit.RemoveMemlock(); err != nil {
+		t.Fatal(err)
+	}
+	sc := afxdp.DefaultConfig()
+	cfg := EngineConfig{
+		Interfaces: []InterfaceConfig{
+			{Name: tb.NodeClientSide().Iface, Queues: []int{0}, CPUs: []int{-1}, Mode: xdp.Native, Socket: sc},
+			{Name: tb.NodeLANSide().Iface, Queues: []int{0}, CPUs: []int{-1}, Mode: xdp.Native, Socket: sc},
+		},
+		Conntrack: conntrack.Config{Capacity: 65536},
+		SNATPorts: conntrack.PortRange{First: 40000, Last: 60000},
+		Log:       slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+	var e *Engine
+	err := tb.Do(tb.NodeNS(), func() error {
+		var err error
+		e, err = Start(cfg)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
+func webModel(backends int) *service.Model {
+	m := &service.Model{Node: service.Node{Name: "node-1"}}
+	var eps []service.Endpoint
+	for i := 0; i < backends; i++ {
+		eps = append(eps, service.Endpoint{Addr: packet.AddrFromNetip(testbed.BackendAddr(i)), Port: testbed.HTTPPort, Ready: true, Serving: true})
+	}
+	m.Ports = append(m.Ports, service.ServicePort{
+		Name: service.PortName{Namespace: "default", Name: "web"}, Proto: packet.ProtoTCP,
+		ClusterIPs: []packet.Addr{packet.MustParseAddr("198.19.0.10")}, Port: 80, Endpoints: eps})
+	return m
+}
+
+// TestEngineForwardsHTTP sends real HTTP requests from the client namespace
+// to a cluster IP through the XDP program, AF_XDP sockets and workers.
+func TestEngineForwardsHTTP(t *testing.T) {
+	tb := testbed.NewForTest(t, testbed.Options{})
+	if err := tb.StartServers(); err != nil {
+		t.Fatal(err)
+	}
+	e := startEngine(t, tb)
+	if err := e.Publish(service.Compile(webModel(3), service.CompileOptions{})); err != nil {
+		t.Fatal(err)
+	}
+	client := tb.HTTPClient(tb.ClientNS(), 3*time.Second)
+	hits := map[string]int{}
+	for i := 0; i < 30; i++ {
+		resp, err := client.Get("http://198.19.0.10/")
+		if err != nil {
+			var s Snapshot
+			for _, w := range e.Workers() {
+				s.Add(w.Counters.Snapshot())
+			}
+			x, _ := e.XDPCounters()
+			t.Fatalf("request %d: %v\nworkers %+v\nxdp %+v", i, err, s, x)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		hits[strings.TrimSpace(string(b))]++
+	}
+	t.Logf("hits: %v", hits)
+	if len(hits) != 3 {
+		t.Fatalf("requests reached %d backends, want 3: %v", len(hits), hits)
+	}
+}
