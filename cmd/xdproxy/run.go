@@ -140,7 +140,7 @@ func engineConfig(cfg *config.Config, log *slog.Logger) (dataplane.EngineConfig,
 				TCPSynSent: ct.TCPSynSent.Duration, TCPSynRecv: ct.TCPSynRecv.Duration, TCPEstablished: ct.TCPEstablished.Duration,
 				TCPFinWait: ct.TCPFinWait.Duration, TCPCloseWait: ct.TCPCloseWait.Duration, TCPLastAck: ct.TCPLastAck.Duration,
 				TCPTimeWait: ct.TCPTimeWait.Duration, TCPClose: ct.TCPClose.Duration,
-				UDPUnreplied: ct.UDPUnreplied.Duration, UDPReplied: ct.UDPReplied.Duration, ICMP: ct.ICMP.Duration,
+				UDPUnreplied: ct.UDPUnreplied.Duration, UDPReplied: ct.UDPReplied.Duration, ICMPEcho: ct.ICMP.Duration,
 			},
 		},
 	}

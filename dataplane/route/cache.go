@@ -77,7 +77,11 @@ var ErrNoInterfaces = errors.New("route: no interfaces configured")
 
 // New reads the namespace's links, main routing table and neighbours,
 // publishes the first snapshot and starts following changes.
-func New(opts Options) (*Cache, error) {
+func New(opts Options) (*Cache, error) { return newCache(opts, (*Cache).subscribe) }
+
+// newCache is New with the first subscription made by subscribe, so tests
+// can hand it one they break on purpose.
+func newCache(opts Options, subscribe func(*Cache) (*subscription, error)) (*Cache, error) {
 	if len(opts.Interfaces) == 0 {
 		return nil, ErrNoInterfaces
 	}
@@ -116,21 +120,29 @@ func New(opts Options) (*Cache, error) {
 		return nil, fmt.Errorf("route: netlink: %w", err)
 	}
 	// Subscribe before reading, so no change falls between the two.
-	sub, err := c.subscribe()
+	sub, err := subscribe(c)
 	if err != nil {
 		c.closeHandles()
 		return nil, err
 	}
-	if err := c.readAll(); err != nil {
+	if err := c.start(sub); err != nil {
 		sub.close()
 		c.closeHandles()
 		return nil, err
+	}
+	return c, nil
+}
+
+// start reads the kernel's state, publishes it and starts following sub.
+func (c *Cache) start(sub *subscription) error {
+	if err := c.readAll(); err != nil {
+		return err
 	}
 	c.publish()
 	c.wg.Add(2)
 	go c.update(sub)
 	go c.resolve()
-	return c, nil
+	return nil
 }
 
 // Close stops following the kernel. Lookup keeps answering from the last

@@ -121,16 +121,23 @@ func (s *affinitySlot) load() (e affinityEntry, ok bool) {
 // shared by all callers (for example seconds since the process started).
 // It does not allocate.
 func (a *Affinity) Lookup(portID uint64, client packet.Addr, now uint32) (addr packet.Addr, port uint16, ok bool) {
+	e, ok := a.find(portID, client, now)
+	if !ok {
+		return addr, 0, false
+	}
+	return wordsAddr(e.backend), uint16(e.portExp >> 32), true
+}
+
+func (a *Affinity) find(portID uint64, client packet.Addr, now uint32) (affinityEntry, bool) {
 	cw := addrWords(&client)
 	h := affinityHash(portID, &cw)
 	for k := uint64(0); k < affinityWindow; k++ {
 		e, ok := a.slots[(h+k)&a.mask].load()
-		if !ok || e.port != portID || e.client != cw || !alive(uint32(e.portExp), now) {
-			continue
+		if ok && e.port == portID && e.client == cw && alive(uint32(e.portExp), now) {
+			return e, true
 		}
-		return wordsAddr(e.backend), uint16(e.portExp >> 32), true
 	}
-	return addr, 0, false
+	return affinityEntry{}, false
 }
 
 // Remember records that client's flows to portID go to addr:port until
@@ -207,21 +214,16 @@ func (f *Frontend) SelectWithAffinity(a *Affinity, client packet.Addr, flowHash,
 	return b
 }
 
-// lookupExp is Lookup that also refreshes a hit's expiry when it was last
-// refreshed in an earlier second.
+// lookupExp is Lookup that also extends a hit's expiry to timeout from
+// now, unless that was already done within this second.
 func (a *Affinity) lookupExp(portID uint64, client packet.Addr, now, timeout uint32) (packet.Addr, uint16, bool) {
-	cw := addrWords(&client)
-	h := affinityHash(portID, &cw)
-	for k := uint64(0); k < affinityWindow; k++ {
-		e, ok := a.slots[(h+k)&a.mask].load()
-		if !ok || e.port != portID || e.client != cw || !alive(uint32(e.portExp), now) {
-			continue
-		}
-		addr, port := wordsAddr(e.backend), uint16(e.portExp>>32)
-		if uint32(e.portExp) != now+timeout {
-			a.Remember(portID, client, addr, port, now, timeout)
-		}
-		return addr, port, true
+	e, ok := a.find(portID, client, now)
+	if !ok {
+		return packet.Addr{}, 0, false
 	}
-	return packet.Addr{}, 0, false
+	addr, port := wordsAddr(e.backend), uint16(e.portExp>>32)
+	if uint32(e.portExp) != now+timeout {
+		a.Remember(portID, client, addr, port, now, timeout)
+	}
+	return addr, port, true
 }

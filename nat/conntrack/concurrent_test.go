@@ -48,8 +48,8 @@ func TestConcurrentWorkers(t *testing.T) {
 func testConcurrentWorkers(t *testing.T, shards int) {
 	const flows = 1500 // per family; they fit, the flood below makes the table overflow
 	iters := 60000
-	if testing.Short() {
-		iters = 10000
+	if testing.Short() || raceEnabled {
+		iters = 20000
 	}
 	tb := newTable(t, Config{Capacity: 4096, EvictionWindow: 16, shards: shards,
 		Timeouts: Timeouts{UDPUnreplied: 2 * time.Second, UDPReplied: 5 * time.Second, TCPSynSent: 3 * time.Second}})

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/xdproxy/xdproxy/dataplane/packet"
 )
@@ -122,6 +123,12 @@ type entry struct {
 	hashOrig  atomic.Uint64
 	hashReply atomic.Uint64
 }
+
+const entrySize = 128
+
+// The slab layout depends on it: two whole cache lines per entry.
+var _ [entrySize - unsafe.Sizeof(entry{})]byte
+var _ [unsafe.Sizeof(entry{}) - entrySize]byte
 
 // Timer word layout.
 const (

@@ -580,7 +580,11 @@ func TestChurnMatchesModel(t *testing.T) {
 			}
 		}
 	}
-	for step := range 200000 {
+	steps := 200000
+	if raceEnabled {
+		steps = 50000
+	}
+	for step := range steps {
 		now += int64(time.Millisecond)
 		cport := uint16(rng.IntN(96))
 		orig := tup(client, cport, frontends[rng.IntN(len(frontends))], 80, packet.ProtoTCP)
@@ -686,6 +690,9 @@ func TestLargeTableAcrossShards(t *testing.T) {
 		t.Fatalf("%d shards", st.Shards)
 	}
 	n := 90000
+	if raceEnabled {
+		n = 20000
+	}
 	for i := range n {
 		o := tup(packet.AddrFrom4([4]byte{198, 18 + byte(i>>16), byte(i >> 8), byte(i)}), 1000, frontend, 80, packet.ProtoTCP)
 		tr := tup(snatAddr, uint16(i%60000+1), backend, 8080, packet.ProtoTCP)

@@ -54,7 +54,7 @@
 #define IPPROTO_FRAGMENT 44
 #define IPPROTO_ICMPV6 58
 
-/* ---- Map layouts; xdp/maps.go mirrors them. ---- */
+/* ---- Map layouts; the Go side (tables.go, the generated bpf_*.go) mirrors them. ---- */
 
 struct svc_key {
 	__u8 addr[16];

@@ -24,11 +24,12 @@ type Config struct {
 
 // Server is a running set of listeners.
 type Server struct {
-	cfg  Config
-	http *http.Server
-	udp  net.PacketConn
-	tcp  net.Listener
-	wg   sync.WaitGroup
+	cfg   Config
+	http  *http.Server
+	httpL net.Listener
+	udp   net.PacketConn
+	tcp   net.Listener
+	wg    sync.WaitGroup
 }
 
 // Listen opens every configured listener and starts serving. The listeners
@@ -37,13 +38,12 @@ func Listen(cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg}
 	var err error
 	if cfg.HTTPAddr != "" {
-		var l net.Listener
-		if l, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
+		if s.httpL, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
 			return nil, s.closeWith(err)
 		}
 		s.http = &http.Server{Handler: s.handler(), ReadHeaderTimeout: 10 * time.Second}
 		s.wg.Add(1)
-		go func() { defer s.wg.Done(); _ = s.http.Serve(l) }()
+		go func() { defer s.wg.Done(); _ = s.http.Serve(s.httpL) }()
 	}
 	if cfg.UDPAddr != "" {
 		if s.udp, err = net.ListenPacket("udp", cfg.UDPAddr); err != nil {
@@ -60,6 +60,29 @@ func Listen(cfg Config) (*Server, error) {
 		go func() { defer s.wg.Done(); s.serveTCP() }()
 	}
 	return s, nil
+}
+
+// HTTPAddr, UDPAddr and StreamAddr return where the servers listen (useful
+// with port 0); nil for a server that is off.
+func (s *Server) HTTPAddr() net.Addr {
+	if s.httpL == nil {
+		return nil
+	}
+	return s.httpL.Addr()
+}
+
+func (s *Server) UDPAddr() net.Addr {
+	if s.udp == nil {
+		return nil
+	}
+	return s.udp.LocalAddr()
+}
+
+func (s *Server) StreamAddr() net.Addr {
+	if s.tcp == nil {
+		return nil
+	}
+	return s.tcp.Addr()
 }
 
 func (s *Server) closeWith(err error) error { return errors.Join(err, s.Close()) }
