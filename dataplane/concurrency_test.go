@@ -72,7 +72,7 @@ func TestConcurrentBothDirections(t *testing.T) {
 		openers.Add(1)
 		p := procs[w]
 		var mu sync.Mutex // p is used by this worker's two goroutines in turn
-		go func(w int) { // opener
+		go func(w int) {  // opener
 			defer openers.Done()
 			for r := 0; r < rounds; r++ {
 				for f := w; f < flows; f += workers {

@@ -294,4 +294,3 @@ func (r routeResolver) Resolve(dst packet.Addr) (NextHop, packet.Reason) {
 	}
 	return NextHop{}, packet.DropNoRoute
 }
-

@@ -165,10 +165,14 @@ func NewForTest(t testing.TB, opts Options) *Testbed {
 // ID is the common prefix of this Testbed's namespace names.
 func (tb *Testbed) ID() string { return tb.id }
 
-// ClientNS, NodeNS and LANNS name the namespaces.
+// ClientNS names the client's namespace.
 func (tb *Testbed) ClientNS() string { return tb.client.NS }
-func (tb *Testbed) NodeNS() string   { return tb.nodeC.NS }
-func (tb *Testbed) LANNS() string    { return tb.lan }
+
+// NodeNS names the node's namespace, where xdproxy runs.
+func (tb *Testbed) NodeNS() string { return tb.nodeC.NS }
+
+// LANNS names the namespace that holds the backends' bridge.
+func (tb *Testbed) LANNS() string { return tb.lan }
 
 // BackendNS names the namespace of backend i.
 func (tb *Testbed) BackendNS(i int) string { return tb.backends[i].NS }
@@ -185,13 +189,17 @@ func (tb *Testbed) Namespaces() []string {
 // Client is the client's c0.
 func (tb *Testbed) Client() Host { return tb.client }
 
-// NodeClientSide is the node's n0, NodeLANSide its n1.
+// NodeClientSide is the node's n0, facing the client.
 func (tb *Testbed) NodeClientSide() Host { return tb.nodeC }
-func (tb *Testbed) NodeLANSide() Host    { return tb.nodeL }
 
-// Backend is backend i's b0; NumBackends says how many there are.
+// NodeLANSide is the node's n1, facing the backends.
+func (tb *Testbed) NodeLANSide() Host { return tb.nodeL }
+
+// Backend is backend i's b0.
 func (tb *Testbed) Backend(i int) Host { return tb.backends[i] }
-func (tb *Testbed) NumBackends() int   { return len(tb.backends) }
+
+// NumBackends says how many backends there are.
+func (tb *Testbed) NumBackends() int { return len(tb.backends) }
 
 // BackendName is what backend i's servers answer with: "backend-<i>".
 func BackendName(i int) string { return fmt.Sprintf("backend-%d", i) }

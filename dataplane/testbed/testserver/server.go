@@ -62,8 +62,8 @@ func Listen(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// HTTPAddr, UDPAddr and StreamAddr return where the servers listen (useful
-// with port 0); nil for a server that is off.
+// HTTPAddr returns where the HTTP server listens (useful with port 0), or
+// nil when it is off.
 func (s *Server) HTTPAddr() net.Addr {
 	if s.httpL == nil {
 		return nil
@@ -71,6 +71,7 @@ func (s *Server) HTTPAddr() net.Addr {
 	return s.httpL.Addr()
 }
 
+// UDPAddr returns where the UDP echo server listens, or nil.
 func (s *Server) UDPAddr() net.Addr {
 	if s.udp == nil {
 		return nil
@@ -78,6 +79,7 @@ func (s *Server) UDPAddr() net.Addr {
 	return s.udp.LocalAddr()
 }
 
+// StreamAddr returns where the TCP stream server listens, or nil.
 func (s *Server) StreamAddr() net.Addr {
 	if s.tcp == nil {
 		return nil
