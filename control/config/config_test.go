@@ -1,7 +1,6 @@
 package config
 
 import (
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -76,19 +75,7 @@ func TestParseErrorsNameTheField(t *testing.T) {
 }
 
 func TestDeployExampleIsValid(t *testing.T) {
-	matches, _ := filepath.Glob("../../deploy/*.yaml")
-	found := false
-	for _, m := range matches {
-		b, _ := os.ReadFile(m)
-		if !strings.Contains(string(b), "interfaces:") {
-			continue
-		}
-		found = true
-		if _, err := Load(m); err != nil {
-			t.Errorf("%s: %v", m, err)
-		}
-	}
-	if !found {
-		t.Fatal("no example config in deploy/")
+	if _, err := Load(filepath.Join("..", "..", "deploy", "xdproxy.yaml")); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
@@ -205,9 +206,9 @@ func (s *Source) Run(ctx context.Context) error {
 	}
 	selector := labels.NewSelector().Add(*noHeadless).String()
 	factory := informers.NewSharedInformerFactoryWithOptions(s.client, s.cfg.ResyncPeriod,
-		informers.WithTweakListOptions(func(o *metav1ListOptions) { o.LabelSelector = selector }))
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
 	nodeFactory := informers.NewSharedInformerFactoryWithOptions(s.client, s.cfg.ResyncPeriod,
-		informers.WithTweakListOptions(func(o *metav1ListOptions) {
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", s.cfg.NodeName).String()
 		}))
 
