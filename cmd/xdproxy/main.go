@@ -1,5 +1,3 @@
-// Command xdproxy is the node agent: `xdproxy run --config FILE` forwards
-// service traffic; `xdproxy admin ...` asks a running agent for its state.
 package main
 
 import (

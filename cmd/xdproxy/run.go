@@ -82,7 +82,9 @@ func runCmd(args []string) error {
 	var lastSync atomic.Int64
 	publish := func(m *service.Model) {
 		start := time.Now()
-		m.Node = node
+		if m.Node.Name == "" {
+			m.Node = node
+		}
 		t := service.Compile(m, opts)
 		for _, p := range t.Problems() {
 			log.Warn("service table", "problem", p)
@@ -96,7 +98,7 @@ func runCmd(args []string) error {
 			"frontends", t.Frontends(), "took", time.Since(start).Round(time.Microsecond))
 	}
 	srcErr := make(chan error, 1)
-	if err := startSource(ctx, cfg, reg, log, publish, srcErr); err != nil {
+	if err := startSource(ctx, cfg, reg, log, node, publish, srcErr); err != nil {
 		return err
 	}
 

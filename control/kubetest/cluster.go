@@ -157,6 +157,15 @@ func (c *Cluster) Kubeconfig() string { return c.kubeconfig }
 // side rate limiting is off: tests create objects in bulk.
 func (c *Cluster) RESTConfig() *rest.Config { return rest.CopyConfig(c.restConfig) }
 
+// UnprivilegedRESTConfig returns a client configuration for a user that
+// belongs to no group: RBAC lets it do only what roles bound to the user
+// "kubetest-user" (or to system:authenticated) allow.
+func (c *Cluster) UnprivilegedRESTConfig() *rest.Config {
+	cfg := rest.AnonymousClientConfig(c.restConfig)
+	cfg.BearerToken = c.creds.userToken
+	return cfg
+}
+
 // Client returns a clientset for the admin user.
 func (c *Cluster) Client() kubernetes.Interface { return c.client }
 

@@ -93,11 +93,16 @@ func TestApplyReadBackAndRestart(t *testing.T) {
 	slice := getSlice(t, c.Client(), "web-1")
 	checkSlice(t, slice)
 
-	// RBAC is on: an anonymous client may not list Services.
-	anonymous := rest.AnonymousClientConfig(c.RESTConfig())
-	_, err = kubernetes.NewForConfigOrDie(anonymous).CoreV1().Services("default").List(ctx, metav1.ListOptions{})
-	if !apierrors.IsForbidden(err) {
-		t.Errorf("anonymous list of Services: err = %v, want Forbidden", err)
+	// RBAC is on: neither an anonymous client nor a user without roles may
+	// list Services.
+	for name, cfg := range map[string]*rest.Config{
+		"anonymous":    rest.AnonymousClientConfig(c.RESTConfig()),
+		"unprivileged": c.UnprivilegedRESTConfig(),
+	} {
+		_, err = kubernetes.NewForConfigOrDie(cfg).CoreV1().Services("default").List(ctx, metav1.ListOptions{})
+		if !apierrors.IsForbidden(err) {
+			t.Errorf("%s list of Services: err = %v, want Forbidden", name, err)
+		}
 	}
 
 	restartStarted := time.Now()
@@ -203,11 +208,13 @@ func TestInformerSurvivesAPIServerRestart(t *testing.T) {
 	}
 }
 
-func TestAlwaysAllowLetsAnonymousIn(t *testing.T) {
+// kube-apiserver turns anonymous access off under AlwaysAllow, so the check
+// uses the unprivileged user.
+func TestAlwaysAllowLetsUnprivilegedUserIn(t *testing.T) {
 	c := Start(t, Options{Authorization: AlwaysAllow})
-	anonymous := kubernetes.NewForConfigOrDie(rest.AnonymousClientConfig(c.RESTConfig()))
-	if _, err := anonymous.CoreV1().Services("default").List(context.Background(), metav1.ListOptions{}); err != nil {
-		t.Errorf("anonymous list of Services under AlwaysAllow: %v", err)
+	user := kubernetes.NewForConfigOrDie(c.UnprivilegedRESTConfig())
+	if _, err := user.CoreV1().Services("default").List(context.Background(), metav1.ListOptions{}); err != nil {
+		t.Errorf("unprivileged list of Services under AlwaysAllow: %v", err)
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 type credentials struct {
 	caPEM          []byte
 	token          string
+	userToken      string
 	servingCert    string
 	servingKey     string
 	serviceKey     string
@@ -30,10 +31,12 @@ type credentials struct {
 	caCertFilePath string
 }
 
-// adminUser is the token file's only user; system:masters bypasses RBAC.
+// The token file holds two users: an admin in system:masters, which bypasses
+// RBAC, and a user in no group, whom RBAC grants nothing beyond discovery.
 const (
-	adminUser  = "kubetest-admin"
-	adminGroup = "system:masters"
+	adminUser        = "kubetest-admin"
+	adminGroup       = "system:masters"
+	unprivilegedUser = "kubetest-user"
 )
 
 // certLifetime is far longer than any test and any benchmark run.
@@ -96,14 +99,11 @@ func writeCredentials(dir string, serviceCIDR netip.Prefix) (*credentials, error
 		return nil, err
 	}
 
-	tokenBytes := make([]byte, 24)
-	if _, err := rand.Read(tokenBytes); err != nil {
-		return nil, err
-	}
 
 	c := &credentials{
 		caPEM:          pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
-		token:          hex.EncodeToString(tokenBytes),
+		token:          randomToken(),
+		userToken:      randomToken(),
 		caCertFilePath: filepath.Join(dir, "ca.crt"),
 		servingCert:    filepath.Join(dir, "apiserver.crt"),
 		servingKey:     filepath.Join(dir, "apiserver.key"),
@@ -129,7 +129,9 @@ func writeCredentials(dir string, serviceCIDR netip.Prefix) (*credentials, error
 		{c.serviceKey, serviceKeyPEM},
 		{c.servicePub, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: servicePub})},
 		// token,user,uid,"group,..."
-		{c.tokenAuthFile, fmt.Appendf(nil, "%s,%s,%s,%q\n", c.token, adminUser, adminUser, adminGroup)},
+		{c.tokenAuthFile, fmt.Appendf(nil, "%s,%s,%s,%q\n%s,%s,%s\n",
+			c.token, adminUser, adminUser, adminGroup,
+			c.userToken, unprivilegedUser, unprivilegedUser)},
 	}
 	for _, f := range files {
 		if err := os.WriteFile(f.path, f.data, 0o600); err != nil {
@@ -153,4 +155,10 @@ func randomSerial() *big.Int {
 		panic(err) // crypto/rand does not fail on Linux
 	}
 	return serial
+}
+
+func randomToken() string {
+	b := make([]byte, 24)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails
+	return hex.EncodeToString(b)
 }

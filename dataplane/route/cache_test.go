@@ -20,7 +20,12 @@ import (
 // n0 and n1, plus extra interface names.
 func newCache(t *testing.T, extra ...string) (*testbed.Testbed, *route.Cache, *errLog) {
 	t.Helper()
-	tb := testbed.NewForTest(t, testbed.Options{Backends: 2})
+	return newCacheWith(t, testbed.Options{Backends: 2}, extra...)
+}
+
+func newCacheWith(t *testing.T, opts testbed.Options, extra ...string) (*testbed.Testbed, *route.Cache, *errLog) {
+	t.Helper()
+	tb := testbed.NewForTest(t, opts)
 	log := &errLog{}
 	var c *route.Cache
 	err := tb.Do(tb.NodeNS(), func() error {
@@ -117,6 +122,21 @@ func TestConnectedRouteResolves(t *testing.T) {
 	}
 	if a := testing.AllocsPerRun(1000, func() { c.Lookup(packet.AddrFromNetip(b0.Addr)) }); a != 0 {
 		t.Errorf("Lookup on a live cache allocates %.1f times", a)
+	}
+}
+
+func TestIPv6Resolves(t *testing.T) {
+	tb, c, _ := newCacheWith(t, testbed.Options{Backends: 1, IPv6: true})
+	b0, n1, client, n0 := tb.Backend(0), tb.NodeLANSide(), tb.Client(), tb.NodeClientSide()
+	h, s := waitLookup(t, c, b0.Addr6.String(), 5*time.Second, found)
+	if s != route.Found || h.DstMAC != mac6(b0.MAC) || h.IfIndex != int32(n1.IfIndex) {
+		t.Fatalf("IPv6 backend: %v %+v, want found with %s on n1", s, h, b0.MAC)
+	}
+	// A gateway route through the client side, resolved by NDP.
+	ipRoute(t, tb, "-6", "route", "add", testbed.ClusterIPRange6.String(), "via", client.Addr6.String(), "dev", testbed.NodeClientIface)
+	h, s = waitLookup(t, c, "2001:db8:19::10", 5*time.Second, found)
+	if s != route.Found || h.DstMAC != mac6(client.MAC) || h.SrcMAC != mac6(n0.MAC) || h.NextHop != packet.AddrFromNetip(client.Addr6) {
+		t.Fatalf("IPv6 gateway route: %v %+v, want found via the client %s", s, h, client.MAC)
 	}
 }
 

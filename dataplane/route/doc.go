@@ -17,6 +17,10 @@
 // solicitations as if it had a packet to send), and the answer arrives as a
 // neighbour event that publishes a new snapshot.
 //
+// The kernel sends such solicitations from the interface's IPv6 link-local
+// address and skips them while it has none that is usable (just after the
+// link came up); the Cache asks again after Options.ResolveInterval.
+//
 // Because the workers' packets bypass the kernel, the kernel never sees
 // them confirm a neighbour. Lookup therefore asks for the same resolution
 // when it uses a STALE entry, which makes the kernel re-probe it (STALE,

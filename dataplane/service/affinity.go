@@ -5,7 +5,6 @@ import (
 	"math/bits"
 	"sync/atomic"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/xdproxy/xdproxy/dataplane/packet"
 )
 
@@ -87,12 +86,14 @@ func wordsAddr(w [2]uint64) packet.Addr {
 	return x
 }
 
+// affinityHash is xxhash64 of the port ID and the two address words as
+// 24 little-endian bytes (see hashParts for why it is written out).
 func affinityHash(port uint64, client *[2]uint64) uint64 {
-	var b [24]byte
-	binary.LittleEndian.PutUint64(b[0:], port)
-	binary.LittleEndian.PutUint64(b[8:], client[0])
-	binary.LittleEndian.PutUint64(b[16:], client[1])
-	return xxhash.Sum64(b[:])
+	h := uint64(xxPrime5 + 24)
+	h = xxWord(h, port)
+	h = xxWord(h, client[0])
+	h = xxWord(h, client[1])
+	return xxAvalanche(h)
 }
 
 // alive reports whether an entry expiring at exp is still valid at now;

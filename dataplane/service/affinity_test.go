@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/xdproxy/xdproxy/dataplane/packet"
 )
 
@@ -55,6 +56,18 @@ func TestAffinityKeepsClientOnBackend(t *testing.T) {
 	for j := uint64(0); j < 20; j++ {
 		if b := f3.SelectWithAffinity(aff, client, j, j*31337, false, 301); b.Addr != next.Addr {
 			t.Fatalf("new affinity not kept: %v, want %v", b.Addr, next.Addr)
+		}
+	}
+}
+
+func TestAffinityHashIsXXHash(t *testing.T) {
+	for _, c := range [][3]uint64{{0, 0, 0}, {1, 2, 3}, {^uint64(0), 0x0123456789abcdef, 42}} {
+		var b [24]byte
+		for i, w := range c {
+			binary.LittleEndian.PutUint64(b[8*i:], w)
+		}
+		if got, want := affinityHash(c[0], &[2]uint64{c[1], c[2]}), xxhash.Sum64(b[:]); got != want {
+			t.Errorf("%x: affinityHash %#x, xxhash %#x", c, got, want)
 		}
 	}
 }
@@ -145,4 +158,24 @@ func TestAffinityConcurrent(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+}
+
+func TestBackendSetFind(t *testing.T) {
+	for _, n := range []int{0, 1, 16, 17, 100} {
+		s := BackendSet{}
+		for i := 0; i < n; i++ {
+			s.Backends = append(s.Backends, Backend{Addr: packet.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)}), Port: 80})
+		}
+		for i := 0; i < n; i++ {
+			if b := s.find(s.Backends[i].Addr, 80); b != &s.Backends[i] {
+				t.Errorf("n=%d: backend %d not found", n, i)
+			}
+			if s.find(s.Backends[i].Addr, 81) != nil {
+				t.Errorf("n=%d: found wrong port", n)
+			}
+		}
+		if s.find(a("198.19.0.1"), 80) != nil {
+			t.Errorf("n=%d: found absent address", n)
+		}
+	}
 }

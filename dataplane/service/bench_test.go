@@ -93,3 +93,22 @@ func BenchmarkCompile(b *testing.B) {
 		}
 	})
 }
+
+func BenchmarkSelectWithAffinity(b *testing.B) {
+	m := schedModel(Random, 10)
+	m.Ports[0].AffinityTimeout = DefaultAffinityTimeout
+	f := Compile(m, CompileOptions{}).Lookup(packet.ProtoTCP, packet.MustParseAddr("198.19.0.1"), 80)
+	for _, clients := range []int{16, 4096} {
+		b.Run(fmt.Sprint("clients=", clients), func(b *testing.B) {
+			aff := NewAffinity(1 << 16)
+			b.ReportAllocs()
+			h := uint64(1)
+			for b.Loop() {
+				h = h*6364136223846793005 + 1442695040888963407
+				c := int(h>>40) % clients
+				client := packet.AddrFrom4([4]byte{198, 19, byte(c >> 8), byte(c)})
+				_ = f.SelectWithAffinity(aff, client, h, h>>1, false, 1000)
+			}
+		})
+	}
+}

@@ -1,8 +1,8 @@
 package service
 
 import (
-	"bytes"
 	"cmp"
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -378,7 +378,7 @@ func (c *compiler) frontend(p *Port, kind Kind, addr packet.Addr, port uint16) {
 	t := c.t
 	k := Key{Addr: addr, Port: port, Proto: p.Proto}
 	if !t.index.insert(k, len(t.frontends)) {
-		other := &t.frontends[t.index.find(k)]
+		other := &t.frontends[t.index.find(&k.Addr, k.Port, k.Proto)]
 		t.problems = append(t.problems, fmt.Sprintf("%v %v %v:%d: already taken by %v %v; ignored",
 			p.Name, kind, addr, port, other.Port.Name, other.Kind))
 		return
@@ -408,7 +408,12 @@ func (c *compiler) frontend(p *Port, kind Kind, addr packet.Addr, port uint16) {
 	}
 }
 
-func compareAddr(a, b *packet.Addr) int { return bytes.Compare(a[:], b[:]) }
+func compareAddr(a, b *packet.Addr) int {
+	return cmp.Or(
+		cmp.Compare(binary.BigEndian.Uint64(a[:8]), binary.BigEndian.Uint64(b[:8])),
+		cmp.Compare(binary.BigEndian.Uint64(a[8:]), binary.BigEndian.Uint64(b[8:])),
+	)
+}
 
 func compareBackend(b *Backend, addr packet.Addr, port uint16) int {
 	if c := compareAddr(&b.Addr, &addr); c != 0 {

@@ -30,34 +30,44 @@ func newKeyIndex(n int) keyIndex {
 	return keyIndex{slots: make([]indexSlot, size), mask: size - 1}
 }
 
-// hashKey is xxhash64 (seed 0) of the key's 19 bytes: the address, the
-// port big-endian and the protocol. It is the short-input path of
-// xxhash.Sum64 written out for that fixed layout, which avoids copying the
-// key into a buffer and calling out; a test checks it against the library.
-func hashKey(k *Key) uint64 {
-	const (
-		prime1 = 11400714785074694791
-		prime2 = 14029467366897019727
-		prime3 = 1609587929392839161
-		prime4 = 9650029242287828579
-		prime5 = 2870177450012600261
-	)
-	round := func(v uint64) uint64 {
-		return bits.RotateLeft64(v*prime2, 31) * prime1
-	}
-	h := uint64(prime5 + 19)
-	h ^= round(binary.LittleEndian.Uint64(k.Addr[:8]))
-	h = bits.RotateLeft64(h, 27)*prime1 + prime4
-	h ^= round(binary.LittleEndian.Uint64(k.Addr[8:]))
-	h = bits.RotateLeft64(h, 27)*prime1 + prime4
-	for _, b := range [3]byte{byte(k.Port >> 8), byte(k.Port), byte(k.Proto)} {
-		h ^= uint64(b) * prime5
-		h = bits.RotateLeft64(h, 11) * prime1
-	}
+// hashKey is xxhash64 (seed 0) of the key as 20 bytes: the address, the
+// port big-endian, the protocol and a zero byte. It is the short-input
+// path of xxhash.Sum64 written out for that fixed layout, which avoids
+// copying the key into a buffer and calling out; the last four bytes form
+// one 4-byte step instead of four 1-byte steps, which shortens the chain
+// of dependent multiplies. A test checks it against the library.
+func hashKey(k *Key) uint64 { return hashParts(&k.Addr, k.Port, k.Proto) }
+
+func hashParts(addr *packet.Addr, port uint16, proto packet.Proto) uint64 {
+	h := uint64(xxPrime5 + 20)
+	h = xxWord(h, binary.LittleEndian.Uint64(addr[:8]))
+	h = xxWord(h, binary.LittleEndian.Uint64(addr[8:]))
+	tail := uint32(port>>8) | uint32(port&0xff)<<8 | uint32(proto)<<16
+	h ^= uint64(tail) * xxPrime1
+	h = bits.RotateLeft64(h, 23)*xxPrime2 + xxPrime3
+	return xxAvalanche(h)
+}
+
+// The pieces of xxhash64's short-input path (inputs under 32 bytes).
+const (
+	xxPrime1 = 11400714785074694791
+	xxPrime2 = 14029467366897019727
+	xxPrime3 = 1609587929392839161
+	xxPrime4 = 9650029242287828579
+	xxPrime5 = 2870177450012600261
+)
+
+// xxWord mixes one little-endian 8-byte chunk into h.
+func xxWord(h, v uint64) uint64 {
+	h ^= bits.RotateLeft64(v*xxPrime2, 31) * xxPrime1
+	return bits.RotateLeft64(h, 27)*xxPrime1 + xxPrime4
+}
+
+func xxAvalanche(h uint64) uint64 {
 	h ^= h >> 33
-	h *= prime2
+	h *= xxPrime2
 	h ^= h >> 29
-	h *= prime3
+	h *= xxPrime3
 	h ^= h >> 32
 	return h
 }
@@ -76,17 +86,17 @@ func (x *keyIndex) insert(k Key, pos int) bool {
 	}
 }
 
-// find returns k's position, or -1.
-func (x *keyIndex) find(k Key) int {
+// find returns the position of the key (addr, port, proto), or -1.
+func (x *keyIndex) find(addr *packet.Addr, port uint16, proto packet.Proto) int {
 	if len(x.slots) == 0 {
 		return -1
 	}
-	for i := hashKey(&k) & x.mask; ; i = (i + 1) & x.mask {
+	for i := hashParts(addr, port, proto) & x.mask; ; i = (i + 1) & x.mask {
 		s := &x.slots[i]
 		if s.pos == 0 {
 			return -1
 		}
-		if s.key == k {
+		if s.key.Port == port && s.key.Proto == proto && s.key.Addr == *addr {
 			return int(s.pos - 1)
 		}
 	}

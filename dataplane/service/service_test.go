@@ -592,7 +592,7 @@ func TestHashKeyIsXXHash(t *testing.T) {
 		{Addr: a("fd00:96::15"), Port: 65535, Proto: packet.ProtoUDP},
 		{Addr: packet.Addr{0: 0xff, 15: 0x01}, Port: 0x1234, Proto: 0xff},
 	} {
-		var b [19]byte
+		var b [20]byte
 		copy(b[:], k.Addr[:])
 		b[16], b[17], b[18] = byte(k.Port>>8), byte(k.Port), byte(k.Proto)
 		if got, want := hashKey(&k), xxhash.Sum64(b[:]); got != want {

@@ -99,8 +99,17 @@ type BackendSet struct {
 // Len returns the number of backends.
 func (s *BackendSet) Len() int { return len(s.Backends) }
 
-// find returns the backend with addr and port, or nil, by binary search.
+// find returns the backend with addr and port, or nil: by linear scan for
+// small sets, else by binary search.
 func (s *BackendSet) find(addr packet.Addr, port uint16) *Backend {
+	if len(s.Backends) <= 16 {
+		for i := range s.Backends {
+			if b := &s.Backends[i]; b.Port == port && b.Addr == addr {
+				return b
+			}
+		}
+		return nil
+	}
 	lo, hi := 0, len(s.Backends)
 	for lo < hi {
 		m := int(uint(lo+hi) >> 1)
@@ -210,7 +219,7 @@ func (t *Table) Lookup(proto packet.Proto, dst packet.Addr, port uint16) *Fronte
 	if t == nil {
 		return nil
 	}
-	i := t.index.find(Key{Addr: dst, Port: port, Proto: proto})
+	i := t.index.find(&dst, port, proto)
 	if i < 0 {
 		return nil
 	}
@@ -224,7 +233,7 @@ func (t *Table) IsBackend(proto packet.Proto, addr packet.Addr, port uint16) boo
 	if t == nil {
 		return false
 	}
-	return t.backends.find(Key{Addr: addr, Port: port, Proto: proto}) >= 0
+	return t.backends.find(&addr, port, proto) >= 0
 }
 
 // Generation is the number Compile was given, or a process-wide counter

@@ -148,6 +148,11 @@ func (tb *Testbed) build() error {
 		if err := linkUp(h, "lo"); err != nil {
 			return err
 		}
+		if tb.opts.IPv6 {
+			if err := noDAD(h); err != nil {
+				return err
+			}
+		}
 	}
 
 	if err := tb.sysctls(node); err != nil {
@@ -215,7 +220,57 @@ func (tb *Testbed) build() error {
 			return err
 		}
 	}
+	hosts := append([]Host{tb.client, tb.nodeC, tb.nodeL}, tb.backends...)
+	for _, host := range hosts {
+		if err := tb.waitReady(handles[host.NS], host.Iface); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// readyTimeout bounds the wait for carrier and link-local addresses.
+const readyTimeout = 5 * time.Second
+
+// waitReady waits until iface has carrier and, with IPv6, a link-local
+// address that is not tentative: carrier comes up asynchronously, and
+// until it does (and IPv6 has its link-local address) the first packets
+// or neighbour solicitations are lost.
+func (tb *Testbed) waitReady(h *nsHandles, iface string) error {
+	deadline := time.Now().Add(readyTimeout)
+	for {
+		ready, why := tb.isReady(h, iface)
+		if ready {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("testbed: %s/%s not ready after %v: %s", h.name, iface, readyTimeout, why)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func (tb *Testbed) isReady(h *nsHandles, iface string) (bool, string) {
+	l, err := h.nl.LinkByName(iface)
+	if err != nil {
+		return false, err.Error()
+	}
+	if l.Attrs().OperState != netlink.OperUp {
+		return false, "operstate " + l.Attrs().OperState.String()
+	}
+	if !tb.opts.IPv6 {
+		return true, ""
+	}
+	addrs, err := h.nl.AddrList(l, netlink.FAMILY_V6)
+	if err != nil {
+		return false, err.Error()
+	}
+	for _, a := range addrs {
+		if a.IP.IsLinkLocalUnicast() && a.Flags&unix.IFA_F_TENTATIVE == 0 {
+			return true, ""
+		}
+	}
+	return false, "no usable IPv6 link-local address"
 }
 
 func bridgeIndex(lan *nsHandles) int {
@@ -298,6 +353,21 @@ func defaultRoute(h *nsHandles, ifindex int, gw4, gw6 netip.Addr, v6 bool) error
 		}
 	}
 	return nil
+}
+
+// noDAD makes link-local addresses usable at once on interfaces made
+// later. The kernel sends neighbour solicitations that no packet asked for
+// (those route.Cache triggers) from the link-local address, and skips them
+// while that address is still tentative.
+func noDAD(h *nsHandles) error {
+	return doAt(h.ns, func() error {
+		for _, f := range []string{"/proc/sys/net/ipv6/conf/default/accept_dad", "/proc/sys/net/ipv6/conf/all/accept_dad"} {
+			if err := os.WriteFile(f, []byte("0"), 0o644); err != nil {
+				return fmt.Errorf("testbed: %s: %s: %w", h.name, f, err)
+			}
+		}
+		return nil
+	})
 }
 
 // sysctls turns the node into a router. /proc/sys/net belongs to the

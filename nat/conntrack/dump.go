@@ -122,26 +122,26 @@ func (t *Table) DeleteByBackend(addr packet.Addr, port uint16, proto packet.Prot
 
 // Stats are the table's counters since New.
 type Stats struct {
-	Live              uint64 // flows in the table, expired ones not yet swept included
-	Inserts           uint64
-	OrigExists        uint64 // inserts refused: the original tuple was taken
-	ReplyExists       uint64 // inserts refused: the reply tuple was taken
-	FullDrops         uint64 // inserts refused: DropConntrackFull
-	IndexFull         uint64 // of FullDrops, those where the shard's index had no room
-	EvictedExpired    uint64 // entries reused by an insert into a full shard because they had expired
-	EvictedUnreplied  uint64 // live unreplied entries dropped to make room (early drop)
-	Expired           uint64 // removed by Sweep
-	ExpiredOnInsert   uint64 // expired flows removed because a new flow needed their key
-	Deleted           uint64 // removed by Delete, DeleteIf or DeleteByBackend
-	IndexRebuilds     uint64
-	SNATRetries       uint64 // ports tried beyond the first
-	SNATExhausted     uint64 // InsertSNAT calls that found no port
-	FragsRemembered   uint64
-	FragsEvicted      uint64 // live fragment translations overwritten
-	FragsWriterBusy   uint64 // RememberFragment calls that lost to a concurrent writer
-	Capacity          uint64
-	Shards            uint64
-	IndexSlotsPerShrd uint64
+	Live               uint64 // flows in the table, expired ones not yet swept included
+	Inserts            uint64
+	OrigExists         uint64 // inserts refused: the original tuple was taken
+	ReplyExists        uint64 // inserts refused: the reply tuple was taken
+	FullDrops          uint64 // inserts refused: DropConntrackFull
+	IndexFull          uint64 // of FullDrops, those where the shard's index had no room
+	EvictedExpired     uint64 // entries reused by an insert into a full shard because they had expired
+	EvictedUnreplied   uint64 // live unreplied entries dropped to make room (early drop)
+	Expired            uint64 // removed by Sweep
+	ExpiredOnInsert    uint64 // expired flows removed because a new flow needed their key
+	Deleted            uint64 // removed by Delete, DeleteIf or DeleteByBackend
+	IndexRebuilds      uint64
+	SNATRetries        uint64 // ports tried beyond the first
+	SNATExhausted      uint64 // InsertSNAT calls that found no port
+	FragsRemembered    uint64
+	FragsEvicted       uint64 // live fragment translations overwritten
+	FragsWriterBusy    uint64 // RememberFragment calls that lost to a concurrent writer
+	Capacity           uint64
+	Shards             uint64
+	IndexSlotsPerShard uint64
 }
 
 // Stats sums the counters. It reads atomics only.
@@ -170,6 +170,6 @@ func (t *Table) Stats() Stats {
 	s.FragsWriterBusy = t.frags.busy.Load()
 	s.Capacity = uint64(len(t.entries))
 	s.Shards = uint64(len(t.shards))
-	s.IndexSlotsPerShrd = uint64(len(t.shards[0].index.Load().slots))
+	s.IndexSlotsPerShard = uint64(len(t.shards[0].index.Load().slots))
 	return s
 }

@@ -38,6 +38,20 @@ func (k *key) tuple() packet.Tuple {
 	return t
 }
 
+// reversedTuple is k.tuple().Reverse() without the intermediate copy; it is
+// on the per-packet path.
+func (k *key) reversedTuple() packet.Tuple {
+	var t packet.Tuple
+	binary.LittleEndian.PutUint64(t.Dst[0:8], k[0])
+	binary.LittleEndian.PutUint64(t.Dst[8:16], k[1])
+	binary.LittleEndian.PutUint64(t.Src[0:8], k[2])
+	binary.LittleEndian.PutUint64(t.Src[8:16], k[3])
+	t.DstPort = uint16(k[4] >> 48)
+	t.SrcPort = uint16(k[4] >> 32)
+	t.Proto = packet.Proto(k[4] >> 8)
+	return t
+}
+
 // hashKey hashes k with the table's seed mixed in, so that which tuples
 // collide differs from one process to the next.
 func hashKey(k *key, seed *key) uint64 {

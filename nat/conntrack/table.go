@@ -108,8 +108,8 @@ func (r InsertResult) Reason() packet.Reason {
 	return packet.DropInvalidState
 }
 
-// entry is one flow, 128 bytes: two cache lines, aligned because the slab is
-// a large allocation. Every field is an atomic word so that lock-free
+// entry is one flow, 128 bytes: two cache lines, aligned when the slab is a
+// large (page-aligned) allocation. Every field is an atomic word so that lock-free
 // readers racing with writers are well defined (see doc.go).
 type entry struct {
 	seq   atomic.Uint64 // even: stable; odd: being written; +2 per insert
@@ -132,25 +132,30 @@ var _ [unsafe.Sizeof(entry{}) - entrySize]byte
 
 // Timer word layout.
 const (
-	stateMask      = 0xf
-	statusShift    = 4
-	statusMask     = 0x3
-	genShift       = 6
-	deadlineShift  = 22
-	deadlineMaxMs  = 1<<(64-deadlineShift) - 1
-	timerFree      = 0 // StateFree, the value of a free entry's timer
-	tagShift       = 33
-	shardShift     = 26
-	maxShardBits   = 6
-	maxShardSlots  = 1 << shardShift
-	slotEmpty      = 0
-	slotTombstone  = 1 << 32 // entry field zero, so never a live slot
-	slotDirReply   = 1 << 32
-	defaultWindow  = 64
-	indexLoadNum   = 3 // an index shard is full at 3/4 occupied slots
-	indexLoadDen   = 4
-	slotsPerEntry  = 4 // two keys per entry, so at most half the slots hold live keys on average
-	entriesPerShrd = 4096
+	stateMask     = 0xf
+	statusShift   = 4
+	statusMask    = 0x3
+	genShift      = 6
+	deadlineShift = 22
+	deadlineMaxMs = 1<<(64-deadlineShift) - 1
+	timerFree     = 0 // StateFree, the value of a free entry's timer
+)
+
+// Hash bits: the home slot uses the low bits (at most 26), the shard bits
+// 26-31, the tag bits 33-63, so the three are independent.
+const (
+	tagShift        = 33
+	shardShift      = 26
+	maxShardBits    = 6
+	maxShardSlots   = 1 << shardShift
+	slotEmpty       = 0
+	slotTombstone   = 1 << 32 // entry field zero, so never a live slot
+	slotDirReply    = 1 << 32
+	defaultWindow   = 64
+	indexLoadNum    = 3 // an index shard is full at 3/4 occupied slots
+	indexLoadDen    = 4
+	slotsPerEntry   = 4 // two keys per entry, so at most half the slots hold live keys on average
+	entriesPerShard = 4096
 )
 
 func packTimer(s State, status uint8, gen uint16, deadlineMs uint64) uint64 {
@@ -229,7 +234,7 @@ func New(cfg Config) (*Table, error) {
 		return nil, errors.New("conntrack: negative eviction window, fragment capacity or fragment timeout")
 	}
 	nShards := 1
-	for nShards < 1<<maxShardBits && nShards*2*entriesPerShrd <= cfg.Capacity {
+	for nShards < 1<<maxShardBits && nShards*2*entriesPerShard <= cfg.Capacity {
 		nShards *= 2
 	}
 	if cfg.shards > 0 && cfg.shards <= 1<<maxShardBits && cfg.shards&(cfg.shards-1) == 0 {
@@ -359,13 +364,11 @@ func (t *Table) readFlow(idx uint32, dir Direction, k *key, nowMs uint64, f *Flo
 	if st == StateFree || timerDeadline(tm) <= nowMs {
 		return false
 	}
-	*f = Flow{
-		Handle:    Handle{idx: idx + 1, gen: uint16(s1 >> 1)},
-		Rewrite:   o.tuple().Reverse(),
-		Flags:     Flags(meta >> 32),
-		ServiceID: uint32(meta),
-		State:     st,
-	}
+	f.Handle = Handle{idx: idx + 1, gen: uint16(s1 >> 1)}
+	f.Rewrite = o.reversedTuple()
+	f.Flags = Flags(meta >> 32)
+	f.ServiceID = uint32(meta)
+	f.State = st
 	return true
 }
 

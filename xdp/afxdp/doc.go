@@ -39,11 +39,13 @@
 // the caller owns the frame, and never after Close. Open neither loads nor
 // attaches an XDP program; the caller registers FD() in its XSKMAP.
 //
-// The socket is set up here with golang.org/x/sys/unix instead of
-// github.com/asavie/xdp's NewSocket, for reasons measured in this package's
-// tests: asavie's Close does not unmap its rings, and a mapping holds the
-// socket open, so the queue stays bound and a later bind fails with EBUSY;
-// its bind flags (copy, zero-copy, need-wakeup) are a package variable
-// shared by all sockets; and its Transmit panics on unexpected sendto
-// errors. asavie remains the baseline in this package's benchmark.
+// The socket is set up here with golang.org/x/sys/unix rather than with
+// github.com/asavie/xdp's NewSocket: asavie's Close unmaps the UMEM but not
+// the rings, a ring mapping keeps the socket alive, and so the queue stays
+// bound and every later bind in the process fails with EBUSY
+// (TestAsavieCloseLeavesQueueBound); a failed NewSocket leaks the same way,
+// which rules out retrying it. Its bind flags are also one package variable
+// for all sockets, and its Transmit panics on unexpected sendto errors.
+// asavie remains the baseline in this package's benchmarks
+// (BenchmarkReceive, BenchmarkDrain).
 package afxdp

@@ -2,10 +2,13 @@ package afxdp
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"net"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // receiveN collects n frames from s, waiting at most timeout in total.
@@ -419,5 +422,38 @@ func TestHotPathAllocs(t *testing.T) {
 	}
 	if received < 400 || transmitted < 400 {
 		t.Fatalf("only %d frames received and %d transmitted during the measurement", received, transmitted)
+	}
+}
+
+// TestBindModes: veth has no zero-copy support, so Copy binds, Auto falls
+// back to copy, and ZeroCopy fails with the kernel's reason.
+func TestBindModes(t *testing.T) {
+	e := newEnv(t, 1)
+	for _, mode := range []BindMode{Copy, Auto, ZeroCopy} {
+		cfg := DefaultConfig()
+		cfg.Mode = mode
+		var s *Socket
+		var err error
+		inNetns(t, e.nsA, func() error {
+			s, err = Open(e.idxA, 0, cfg)
+			return nil
+		})
+		if mode == ZeroCopy {
+			if err == nil {
+				s.Close()
+				t.Fatal("ZeroCopy bound on veth")
+			}
+			if !errors.Is(err, unix.EOPNOTSUPP) {
+				t.Fatalf("ZeroCopy on veth: %v, want EOPNOTSUPP", err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%v: %v", mode, err)
+		}
+		if s.ZeroCopy() {
+			t.Errorf("%v: veth socket reports zero-copy", mode)
+		}
+		s.Close()
 	}
 }

@@ -1,0 +1,293 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/xdproxy/xdproxy/dataplane/testbed"
+)
+
+// The end-to-end tests run the real xdproxy binary in the node namespace of
+// a testbed, with real servers in the backend namespaces and real clients in
+// the client namespace. They need root; `make test` runs them.
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+// xdproxyBinary builds this command once per test process.
+func xdproxyBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "xdproxy-e2e-bin")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "xdproxy")
+		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("end-to-end tests need root (make test runs as root)")
+	}
+}
+
+// svc describes one service of a test's service file.
+type svc struct {
+	name      string
+	clusterIP string
+	port      int
+	target    int
+	proto     string // TCP or UDP
+	backends  []int  // testbed backend indexes
+	extra     string // extra spec lines, indented for spec
+}
+
+// serviceFile renders services as kubectl-style YAML: a Service and an
+// EndpointSlice per service.
+func serviceFile(svcs ...svc) string {
+	var b strings.Builder
+	for _, s := range svcs {
+		proto := s.proto
+		if proto == "" {
+			proto = "TCP"
+		}
+		fmt.Fprintf(&b, `---
+apiVersion: v1
+kind: Service
+metadata:
+  name: %s
+  namespace: default
+spec:
+  type: ClusterIP
+  clusterIP: %s
+  clusterIPs: [%s]
+  ports:
+  - name: p
+    port: %d
+    protocol: %s
+    targetPort: %d
+%s---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: %s-1
+  namespace: default
+  labels:
+    kubernetes.io/service-name: %s
+addressType: IPv4
+ports:
+- name: p
+  port: %d
+  protocol: %s
+endpoints:
+`, s.name, s.clusterIP, s.clusterIP, s.port, proto, s.target, s.extra, s.name, s.name, s.target, proto)
+		for _, i := range s.backends {
+			fmt.Fprintf(&b, "- addresses: [%s]\n  conditions: {ready: true, serving: true, terminating: false}\n  nodeName: node-1\n", testbed.BackendAddr(i))
+		}
+		if len(s.backends) == 0 {
+			b.WriteString("  []\n")
+		}
+	}
+	return b.String()
+}
+
+// agent is a running xdproxy process.
+type agent struct {
+	t        *testing.T
+	tb       *testbed.Testbed
+	dir      string
+	config   string
+	services string
+	admin    string
+	cmd      *exec.Cmd
+	log      *bytes.Buffer
+	exited   chan error
+}
+
+type agentOptions struct {
+	queues   int
+	cpus     []int // per queue, for both interfaces
+	extraCfg string
+}
+
+func writeFileAtomic(t *testing.T, path, content string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func newAgent(t *testing.T, tb *testbed.Testbed, services string, o agentOptions) *agent {
+	t.Helper()
+	return newAgentWith(t, tb, services, o, "")
+}
+
+// newAgentWith starts an agent; sourceCfg replaces the file source's
+// services section when it is not empty.
+func newAgentWith(t *testing.T, tb *testbed.Testbed, services string, o agentOptions, sourceCfg string) *agent {
+	t.Helper()
+	needRoot(t)
+	dir := t.TempDir()
+	a := &agent{t: t, tb: tb, dir: dir, config: filepath.Join(dir, "xdproxy.yaml"),
+		services: filepath.Join(dir, "services.yaml"), admin: filepath.Join(dir, "admin.sock")}
+	writeFileAtomic(t, a.services, services)
+	if sourceCfg == "" {
+		sourceCfg = "services:\n  file: " + a.services + "\n"
+	}
+	if o.queues == 0 {
+		o.queues = 1
+	}
+	if o.cpus == nil {
+		for q := 0; q < o.queues; q++ {
+			o.cpus = append(o.cpus, q%2)
+		}
+	}
+	queues, cpus := "", ""
+	for q := 0; q < o.queues; q++ {
+		queues += fmt.Sprintf("%d,", q)
+		cpus += fmt.Sprintf("%d,", o.cpus[q])
+	}
+	queues, cpus = strings.TrimSuffix(queues, ","), strings.TrimSuffix(cpus, ",")
+	cfg := fmt.Sprintf(`nodeName: node-1
+interfaces:
+  - {name: %s, queues: [%s], cpus: [%s], xdpMode: native, numFrames: 4096}
+  - {name: %s, queues: [%s], cpus: [%s], xdpMode: native, numFrames: 4096}
+%sclusterCIDR: 198.18.0.0/24
+masquerade:
+  portRange: 40000-60000
+metricsAddress: 127.0.0.1:0
+healthzAddress: 127.0.0.1:0
+adminSocket: %s
+%s`, tb.NodeClientSide().Iface, queues, cpus, tb.NodeLANSide().Iface, queues, cpus, sourceCfg, a.admin, o.extraCfg)
+	writeFileAtomic(t, a.config, cfg)
+	a.start()
+	t.Cleanup(func() { a.stop() })
+	return a
+}
+
+// start launches the binary in the node namespace and waits until it
+// serves its admin socket with a published table.
+func (a *agent) start() {
+	a.t.Helper()
+	a.log = &bytes.Buffer{}
+	a.cmd = a.tb.Command(a.tb.NodeNS(), xdproxyBinary(a.t), "run", "--config", a.config)
+	a.cmd.Stdout, a.cmd.Stderr = a.log, a.log
+	if err := a.cmd.Start(); err != nil {
+		a.t.Fatal(err)
+	}
+	a.exited = make(chan error, 1)
+	go func(c *exec.Cmd, ch chan error) { ch <- c.Wait() }(a.cmd, a.exited)
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-a.exited:
+			a.t.Fatalf("xdproxy exited: %v\n%s", err, a.log)
+		default:
+		}
+		var st struct {
+			Table struct{ Frontends int } `json:"table"`
+		}
+		if a.query("stats", &st) == nil && st.Table.Frontends > 0 {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	a.t.Fatalf("xdproxy did not publish a table in time:\n%s", a.log)
+}
+
+// stop sends SIGTERM and waits; it reports a non-zero exit.
+func (a *agent) stop() {
+	if a.cmd == nil || a.cmd.Process == nil {
+		return
+	}
+	select {
+	case <-a.exited:
+		return
+	default:
+	}
+	_ = a.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-a.exited:
+		if err != nil {
+			a.t.Errorf("xdproxy exited with %v after SIGTERM\n%s", err, a.log)
+		}
+	case <-time.After(10 * time.Second):
+		_ = a.cmd.Process.Kill()
+		a.t.Errorf("xdproxy did not stop within 10s of SIGTERM\n%s", a.log)
+	}
+}
+
+func (a *agent) kill9() {
+	_ = a.cmd.Process.Signal(syscall.SIGKILL)
+	<-a.exited
+}
+
+// query asks the admin socket and decodes its JSON answer.
+func (a *agent) query(what string, v any) error {
+	c := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", a.admin)
+		}}}
+	resp, err := c.Get("http://xdproxy/" + what)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+// dump prints the agent's counters and log, for failure messages.
+func (a *agent) dump() string {
+	var st map[string]any
+	_ = a.query("stats", &st)
+	b, _ := json.MarshalIndent(st, "", " ")
+	return fmt.Sprintf("stats: %s\nlog:\n%s", b, a.log)
+}
+
+// waitBackends waits until the service named name lists n backends.
+func (a *agent) waitBackends(name string, n int) {
+	a.t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		var svcs []serviceReply
+		if a.query("services", &svcs) == nil {
+			for _, s := range svcs {
+				if strings.HasPrefix(s.Name, "default/"+name) && len(s.Backends) == n {
+					return
+				}
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	a.t.Fatalf("service %s never had %d backends\n%s", name, n, a.dump())
+}

@@ -1,0 +1,376 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/xdproxy/xdproxy/dataplane/testbed"
+	"github.com/xdproxy/xdproxy/dataplane/testbed/testserver"
+)
+
+var (
+	webSvc    = svc{name: "web", clusterIP: "198.19.0.10", port: 80, target: testbed.HTTPPort, backends: []int{0, 1, 2}}
+	dnsSvc    = svc{name: "dns", clusterIP: "198.19.0.20", port: 53, target: testbed.UDPPort, proto: "UDP", backends: []int{0, 1, 2}}
+	streamSvc = svc{name: "stream", clusterIP: "198.19.0.30", port: 5001, target: testbed.StreamPort, backends: []int{0, 1, 2}}
+)
+
+func newTopology(t *testing.T, opts testbed.Options) *testbed.Testbed {
+	needRoot(t)
+	tb := testbed.NewForTest(t, opts)
+	if err := tb.StartServers(); err != nil {
+		t.Fatal(err)
+	}
+	return tb
+}
+
+// get fetches url with a fresh connection from the client namespace and
+// returns the backend name that answered.
+func get(tb *testbed.Testbed, url string) (string, error) {
+	resp, err := tb.HTTPClient(tb.ClientNS(), 3*time.Second).Get(url)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return strings.TrimSpace(string(b)), err
+}
+
+// TestHTTPReachesEveryBackend: 300 requests, each on a new connection, to a
+// cluster IP; each of three backends must get its share within 5 standard
+// deviations of the binomial (100 ± 41).
+func TestHTTPReachesEveryBackend(t *testing.T) {
+	tb := newTopology(t, testbed.Options{})
+	a := newAgent(t, tb, serviceFile(webSvc), agentOptions{})
+	const n = 300
+	hits := map[string]int{}
+	for i := 0; i < n; i++ {
+		name, err := get(tb, "http://198.19.0.10/")
+		if err != nil {
+			t.Fatalf("request %d: %v\n%s", i, err, a.dump())
+		}
+		hits[name]++
+	}
+	sd := math.Sqrt(n * (1.0 / 3) * (2.0 / 3))
+	for i := 0; i < 3; i++ {
+		got := hits[testbed.BackendName(i)]
+		if math.Abs(float64(got)-n/3.0) > 5*sd {
+			t.Errorf("%s got %d of %d requests, want %d ± %.0f", testbed.BackendName(i), got, n, n/3, 5*sd)
+		}
+	}
+	t.Logf("hits per backend: %v", hits)
+}
+
+// TestCurlThroughVIP uses a real curl from the client namespace.
+func TestCurlThroughVIP(t *testing.T) {
+	if _, err := exec.LookPath("curl"); err != nil {
+		t.Fatal("curl is not installed (make test installs it)")
+	}
+	tb := newTopology(t, testbed.Options{})
+	a := newAgent(t, tb, serviceFile(webSvc), agentOptions{})
+	out, err := tb.Exec(tb.ClientNS(), "curl", "-sS", "--max-time", "5", "http://198.19.0.10/")
+	if err != nil || !strings.HasPrefix(string(out), "backend-") {
+		t.Fatalf("curl: %v %q\n%s", err, out, a.dump())
+	}
+}
+
+// TestUDPThroughVIP: datagrams to a UDP cluster IP are answered by the
+// backends, each reply coming back from the VIP.
+func TestUDPThroughVIP(t *testing.T) {
+	tb := newTopology(t, testbed.Options{})
+	a := newAgent(t, tb, serviceFile(dnsSvc), agentOptions{})
+	seen := map[string]bool{}
+	for i := 0; i < 60; i++ {
+		c, err := tb.Dial(context.Background(), tb.ClientNS(), "udp", "198.19.0.20:53")
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg := fmt.Sprintf("q%d", i)
+		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+		if _, err := c.Write([]byte(msg)); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 512)
+		n, err := c.Read(buf) // a connected UDP socket only accepts replies from the VIP
+		c.Close()
+		if err != nil {
+			t.Fatalf("datagram %d: %v\n%s", i, err, a.dump())
+		}
+		name, echo, _ := strings.Cut(string(buf[:n]), " ")
+		if echo != msg {
+			t.Fatalf("reply %q to %q", buf[:n], msg)
+		}
+		seen[name] = true
+	}
+	if len(seen) != 3 {
+		t.Errorf("UDP reached %d backends: %v", len(seen), seen)
+	}
+}
+
+// TestTCPTransfer100MB moves 100 MiB each way through the VIP and checks
+// every byte.
+func TestTCPTransfer100MB(t *testing.T) {
+	tb := newTopology(t, testbed.Options{})
+	a := newAgent(t, tb, serviceFile(streamSvc), agentOptions{})
+	const size = 100 << 20
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+
+	// Server to client.
+	c, err := tb.Dial(ctx, tb.ClientNS(), "tcp", "198.19.0.30:5001")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, a.dump())
+	}
+	start := time.Now()
+	fmt.Fprintf(c, "SEND %d\n", size)
+	n, mismatch, err := testserver.VerifyPattern(c)
+	c.Close()
+	if err != nil || n != size || mismatch != -1 {
+		t.Fatalf("download: %d bytes, mismatch at %d, err %v\n%s", n, mismatch, err, a.dump())
+	}
+	t.Logf("download: %d MiB in %v", size>>20, time.Since(start).Round(time.Millisecond))
+
+	// Client to server.
+	c, err = tb.Dial(ctx, tb.ClientNS(), "tcp", "198.19.0.30:5001")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start = time.Now()
+	fmt.Fprintf(c, "RECV\n")
+	if _, err := io.Copy(c, testserver.Pattern(size)); err != nil {
+		t.Fatalf("upload: %v\n%s", err, a.dump())
+	}
+	_ = c.(interface{ CloseWrite() error }).CloseWrite()
+	line, err := bufio.NewReader(c).ReadString('\n')
+	c.Close()
+	if err != nil || strings.TrimSpace(line) != fmt.Sprintf("%d -1", size) {
+		t.Fatalf("upload: server says %q, err %v\n%s", line, err, a.dump())
+	}
+	t.Logf("upload: %d MiB in %v", size>>20, time.Since(start).Round(time.Millisecond))
+}
+
+// TestRemoveBackend edits the service file while connections are open: new
+// connections avoid the removed backend, established connections to the
+// others keep working.
+func TestRemoveBackend(t *testing.T) {
+	tb := newTopology(t, testbed.Options{})
+	a := newAgent(t, tb, serviceFile(webSvc, streamSvc), agentOptions{})
+	ctx := context.Background()
+	type conn struct {
+		c       io.ReadWriteCloser
+		backend string
+		sent    int64
+	}
+	var conns []*conn
+	for i := 0; i < 12; i++ {
+		c, err := tb.Dial(ctx, tb.ClientNS(), "tcp", "198.19.0.30:5001")
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(c, "RECV\n")
+		buf := make([]byte, 1000)
+		testserver.FillPattern(buf, 0)
+		if _, err := c.Write(buf); err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, &conn{c: c, sent: 1000, backend: backendOf(t, a, c.LocalAddr().String())})
+	}
+	removed := testbed.BackendAddr(2).String()
+	kept := svc(streamSvc)
+	kept.backends = []int{0, 1}
+	web := webSvc
+	web.backends = []int{0, 1}
+	writeFileAtomic(t, a.services, serviceFile(web, kept))
+	a.waitBackends("stream", 2)
+	a.waitBackends("web", 2)
+
+	for i := 0; i < 60; i++ {
+		name, err := get(tb, "http://198.19.0.10/")
+		if err != nil {
+			t.Fatalf("request %d after removal: %v\n%s", i, err, a.dump())
+		}
+		if name == testbed.BackendName(2) {
+			t.Fatalf("request %d went to the removed backend", i)
+		}
+	}
+	survivors := 0
+	for _, k := range conns {
+		if k.backend == removed {
+			k.c.Close()
+			continue
+		}
+		survivors++
+		buf := make([]byte, 5000)
+		testserver.FillPattern(buf, k.sent)
+		if _, err := k.c.Write(buf); err != nil {
+			t.Fatalf("established connection to %s broke: %v", k.backend, err)
+		}
+		k.sent += int64(len(buf))
+		_ = k.c.(interface{ CloseWrite() error }).CloseWrite()
+		line, err := bufio.NewReader(k.c).ReadString('\n')
+		k.c.Close()
+		if err != nil || strings.TrimSpace(line) != fmt.Sprintf("%d -1", k.sent) {
+			t.Fatalf("connection to %s after removal: %q %v", k.backend, line, err)
+		}
+	}
+	if survivors == 0 {
+		t.Fatal("no connection went to a kept backend")
+	}
+}
+
+// backendOf finds the backend a client connection was sent to, from the
+// agent's connection table.
+func backendOf(t *testing.T, a *agent, local string) string {
+	t.Helper()
+	ap := netip.MustParseAddrPort(local)
+	want := fmt.Sprintf(":%d->", ap.Port())
+	var flows []flowReply
+	for i := 0; i < 20; i++ {
+		if err := a.query("conntrack", &flows); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range flows {
+			if strings.Contains(f.Original, ap.Addr().String()+want) {
+				// Translated is "TCP src:port->backend:port".
+				_, dst, _ := strings.Cut(f.Translated, "->")
+				host, _, _ := strings.Cut(dst, ":")
+				return host
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("no tracked flow for %s", local)
+	return ""
+}
+
+// TestOtherTrafficStaysWithKernel: ping and TCP straight to a backend still
+// work while xdproxy runs, and never reach its workers.
+func TestOtherTrafficStaysWithKernel(t *testing.T) {
+	tb := newTopology(t, testbed.Options{})
+	a := newAgent(t, tb, serviceFile(webSvc), agentOptions{})
+	if err := tb.Ping(tb.ClientNS(), testbed.BackendAddr(1), 2*time.Second); err != nil {
+		t.Fatalf("ping: %v\n%s", err, a.dump())
+	}
+	if err := tb.Ping(tb.ClientNS(), tb.NodeClientSide().Addr, 2*time.Second); err != nil {
+		t.Fatalf("ping node: %v", err)
+	}
+	name, err := get(tb, "http://"+testbed.BackendAddr(1).String()+"/")
+	if err != nil || name != testbed.BackendName(1) {
+		t.Fatalf("direct HTTP: %q %v\n%s", name, err, a.dump())
+	}
+	var flows []flowReply
+	if err := a.query("conntrack", &flows); err != nil {
+		t.Fatal(err)
+	}
+	if len(flows) != 0 {
+		t.Fatalf("xdproxy tracked traffic that is not a service's: %v", flows)
+	}
+}
+
+// TestWorkersRunOnTheirCPUs: a two-queue veth gets two workers per
+// interface, each pinned to the CPU the config names, checked in /proc.
+func TestWorkersRunOnTheirCPUs(t *testing.T) {
+	tb := newTopology(t, testbed.Options{Queues: 2})
+	a := newAgent(t, tb, serviceFile(webSvc), agentOptions{queues: 2, cpus: []int{1, 0}})
+	// Many flows so that both queues see traffic.
+	for i := 0; i < 64; i++ {
+		if _, err := get(tb, "http://198.19.0.10/"); err != nil {
+			t.Fatalf("request %d: %v\n%s", i, err, a.dump())
+		}
+	}
+	var workers []workerReply
+	if err := a.query("workers", &workers); err != nil {
+		t.Fatal(err)
+	}
+	if len(workers) != 4 {
+		t.Fatalf("%d workers, want 4 (2 interfaces x 2 queues)", len(workers))
+	}
+	pid := a.cmd.Process.Pid
+	// `ip netns exec` execs the binary, so the pid is xdproxy's.
+	busy := 0
+	for _, w := range workers {
+		want := []int{1, 0}[w.Queue]
+		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/status", pid, w.TID))
+		if err != nil {
+			t.Fatalf("worker %+v: %v", w, err)
+		}
+		allowed := ""
+		for _, l := range strings.Split(string(status), "\n") {
+			if v, ok := strings.CutPrefix(l, "Cpus_allowed_list:"); ok {
+				allowed = strings.TrimSpace(v)
+			}
+		}
+		if allowed != strconv.Itoa(want) || w.CPU != want {
+			t.Errorf("worker %s queue %d: allowed CPUs %q, config %d, want %d", w.Interface, w.Queue, allowed, w.CPU, want)
+		}
+		stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/stat", pid, w.TID))
+		fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+2:]))
+		if last, _ := strconv.Atoi(fields[36]); last != want {
+			t.Errorf("worker %s queue %d last ran on CPU %d, want %d", w.Interface, w.Queue, last, want)
+		}
+		if w.Counters.RxFrames > 0 {
+			busy++
+		}
+		t.Logf("worker %s queue %d tid %d cpu %d rx %d", w.Interface, w.Queue, w.TID, want, w.Counters.RxFrames)
+	}
+	if busy < 3 {
+		t.Errorf("only %d of 4 workers received frames; traffic did not spread over the queues", busy)
+	}
+}
+
+// TestKillAndRestart: after kill -9 the program goes with the process, and
+// a new xdproxy attaches cleanly and forwards.
+func TestKillAndRestart(t *testing.T) {
+	tb := newTopology(t, testbed.Options{})
+	a := newAgent(t, tb, serviceFile(webSvc), agentOptions{})
+	if _, err := get(tb, "http://198.19.0.10/"); err != nil {
+		t.Fatalf("before kill: %v\n%s", err, a.dump())
+	}
+	a.kill9()
+	out, _ := tb.Exec(tb.NodeNS(), "ip", "-d", "link", "show", tb.NodeClientSide().Iface)
+	if strings.Contains(string(out), "prog/xdp") {
+		t.Errorf("XDP program still attached after kill -9:\n%s", out)
+	}
+	a.start()
+	for i := 0; i < 10; i++ {
+		if _, err := get(tb, "http://198.19.0.10/"); err != nil {
+			t.Fatalf("after restart, request %d: %v\n%s", i, err, a.dump())
+		}
+	}
+}
+
+// TestSIGTERMDetaches: a clean stop exits 0 and leaves no program behind.
+func TestSIGTERMDetaches(t *testing.T) {
+	tb := newTopology(t, testbed.Options{})
+	a := newAgent(t, tb, serviceFile(webSvc), agentOptions{})
+	a.stop()
+	for _, ifc := range []string{tb.NodeClientSide().Iface, tb.NodeLANSide().Iface} {
+		out, _ := tb.Exec(tb.NodeNS(), "ip", "-d", "link", "show", ifc)
+		if strings.Contains(string(out), "prog/xdp") {
+			t.Errorf("XDP program left on %s after SIGTERM:\n%s", ifc, out)
+		}
+	}
+}
+
+// TestBadConfigNamesTheField: a wrong value exits non-zero with the field.
+func TestBadConfigNamesTheField(t *testing.T) {
+	dir := t.TempDir()
+	cfg := dir + "/bad.yaml"
+	_ = os.WriteFile(cfg, []byte("nodeName: n\ninterfaces:\n  - {name: eth0, queues: [0, 1], cpus: [0]}\nservices: {file: /x}\n"), 0o644)
+	out, err := exec.Command(xdproxyBinary(t), "run", "--config", cfg).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "interfaces[0].cpus") {
+		t.Fatalf("want a non-zero exit naming interfaces[0].cpus, got %v: %s", err, out)
+	}
+}
+
+var _ = sync.Mutex{}

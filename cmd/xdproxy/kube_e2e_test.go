@@ -1,0 +1,185 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/xdproxy/xdproxy/control/kubetest"
+	"github.com/xdproxy/xdproxy/dataplane/testbed"
+)
+
+// forwardIntoNamespace listens on 127.0.0.1 inside ns and copies each
+// connection to target in the test's own namespace, so that an agent in the
+// node namespace reaches an API server that listens on the host's loopback.
+// The address is the same IP, so the API server's certificate still fits.
+func forwardIntoNamespace(t *testing.T, ns, target string) string {
+	t.Helper()
+	var ln net.Listener
+	err := testbed.DoIn(ns, func() error {
+		var err error
+		ln, err = net.Listen("tcp", "127.0.0.1:0")
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				up, err := net.DialTimeout("tcp", target, 2*time.Second)
+				if err != nil {
+					return // API server down: the client sees a closed connection
+				}
+				defer up.Close()
+				go io.Copy(up, c)
+				io.Copy(c, up)
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// kubeAgent starts a real API server and etcd, and xdproxy with the
+// kubernetes source in the testbed's node namespace.
+func kubeAgent(t *testing.T, tb *testbed.Testbed) (*kubetest.Cluster, *agent) {
+	t.Helper()
+	cluster := kubetest.Start(t, kubetest.Options{})
+	cfg, err := clientcmd.LoadFromFile(cluster.Kubeconfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var target string
+	for _, c := range cfg.Clusters {
+		target = strings.TrimPrefix(c.Server, "https://")
+	}
+	fwd := forwardIntoNamespace(t, tb.NodeNS(), target)
+	for _, c := range cfg.Clusters {
+		c.Server = "https://" + fwd
+	}
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*cfg, kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	// The agent waits for a published table before returning, so give the
+	// cluster a service first.
+	apply(t, cluster, serviceFile(webSvc))
+	a := newAgentWith(t, tb, "", agentOptions{extraCfg: ""}, fmt.Sprintf(`services:
+  kubernetes:
+    kubeconfig: %s
+    minSyncPeriod: 100ms
+    maxSyncPeriod: 10s
+`, kubeconfig))
+	return cluster, a
+}
+
+func apply(t *testing.T, c *kubetest.Cluster, manifests string) {
+	t.Helper()
+	if out, err := c.KubectlWithInput([]byte(manifests), "apply", "-f", "-"); err != nil {
+		t.Fatalf("kubectl apply: %v\n%s", err, out)
+	}
+}
+
+// backendsReached sends n requests to the VIP and returns the set of
+// backends that answered.
+func backendsReached(t *testing.T, tb *testbed.Testbed, a *agent, n int) map[string]bool {
+	t.Helper()
+	seen := map[string]bool{}
+	for i := 0; i < n; i++ {
+		name, err := get(tb, "http://198.19.0.10/")
+		if err != nil {
+			t.Fatalf("request %d: %v\n%s", i, err, a.dump())
+		}
+		seen[name] = true
+	}
+	return seen
+}
+
+// eventually retries check until it returns "" or the deadline passes.
+func eventually(t *testing.T, what string, check func() string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	last := ""
+	for time.Now().Before(deadline) {
+		if last = check(); last == "" {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("%s: %s", what, last)
+}
+
+// TestKubernetesSource drives xdproxy from a real kube-apiserver: applied
+// objects become forwarding, scaling the EndpointSlice moves traffic,
+// deleting the Service stops it, and an API server outage changes nothing
+// until it comes back and resyncs.
+func TestKubernetesSource(t *testing.T) {
+	tb := newTopology(t, testbed.Options{})
+	cluster, a := kubeAgent(t, tb)
+
+	t.Log("applied Service and EndpointSlice: traffic reaches all three backends")
+	if got := backendsReached(t, tb, a, 40); len(got) != 3 {
+		t.Fatalf("reached %v, want 3 backends", got)
+	}
+
+	t.Log("scale the EndpointSlice down to backend-0")
+	one := webSvc
+	one.backends = []int{0}
+	apply(t, cluster, serviceFile(one))
+	a.waitBackends("web", 1)
+	if got := backendsReached(t, tb, a, 20); len(got) != 1 || !got[testbed.BackendName(0)] {
+		t.Fatalf("after scale-down reached %v", got)
+	}
+
+	t.Log("scale up to backends 1 and 2")
+	two := webSvc
+	two.backends = []int{1, 2}
+	apply(t, cluster, serviceFile(two))
+	a.waitBackends("web", 2)
+	if got := backendsReached(t, tb, a, 30); len(got) != 2 || got[testbed.BackendName(0)] {
+		t.Fatalf("after scale-up reached %v", got)
+	}
+
+	t.Log("stop the API server: forwarding goes on with the last table")
+	cluster.StopAPIServer()
+	time.Sleep(2 * time.Second)
+	if got := backendsReached(t, tb, a, 20); len(got) != 2 {
+		t.Fatalf("during the outage reached %v", got)
+	}
+
+	t.Log("restart it: the informers reconnect, and a change applied now reaches the agent")
+	cluster.StartAPIServer()
+	apply(t, cluster, serviceFile(webSvc))
+	a.waitBackends("web", 3)
+	if got := backendsReached(t, tb, a, 40); len(got) != 3 {
+		t.Fatalf("after the restart reached %v", got)
+	}
+
+	t.Log("delete the Service: the VIP stops forwarding")
+	if out, err := cluster.Kubectl("delete", "service", "web"); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	eventually(t, "VIP still forwards after the Service was deleted", func() string {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		c, err := tb.Dial(ctx, tb.ClientNS(), "tcp", "198.19.0.10:80")
+		if err != nil {
+			return ""
+		}
+		c.Close()
+		return "connection to the VIP still succeeds"
+	})
+}
