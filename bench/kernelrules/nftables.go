@@ -67,6 +67,7 @@ func (s ServiceSet) WriteNFT(w io.Writer) error {
 	p("add map %s service-ips { type ipv4_addr . inet_proto . inet_service : verdict ; comment \"ClusterIP, ExternalIP and LoadBalancer IP traffic\" ; }\n", t)
 	p("add map %s service-nodeports { type inet_proto . inet_service : verdict ; comment \"NodePort traffic\" ; }\n", t)
 	p("add map %s no-endpoint-services { type ipv4_addr . inet_proto . inet_service : verdict ; comment \"vmap to drop or reject packets to services with no endpoints\" ; }\n", t)
+	p("add map %s no-endpoint-nodeports { type inet_proto . inet_service : verdict ; comment \"vmap to drop or reject packets to service nodeports with no endpoints\" ; }\n", t)
 	p("add map %s firewall-ips { type ipv4_addr . inet_proto . inet_service : verdict ; comment \"destinations that are subject to LoadBalancerSourceRanges\" ; }\n", t)
 
 	p("add rule %s filter-prerouting ct state new jump firewall-check\n", t)
@@ -87,7 +88,7 @@ func (s ServiceSet) WriteNFT(w io.Writer) error {
 	p("add rule %s services ip daddr . meta l4proto . th dport vmap @service-ips\n", t)
 	p("add rule %s services ip daddr @nodeport-ips meta l4proto . th dport vmap @service-nodeports\n", t)
 	p("add rule %s service-endpoints-check ip daddr . meta l4proto . th dport vmap @no-endpoint-services\n", t)
-	p("add rule %s nodeport-endpoints-check ip daddr @nodeport-ips meta l4proto . th dport vmap @no-endpoint-services\n", t)
+	p("add rule %s nodeport-endpoints-check ip daddr @nodeport-ips meta l4proto . th dport vmap @no-endpoint-nodeports\n", t)
 	p("add rule %s firewall-check ip daddr . meta l4proto . th dport vmap @firewall-ips\n", t)
 	p("add rule %s cluster-ips-check ip daddr @cluster-ips reject comment \"Reject traffic to invalid ports of ClusterIPs\"\n", t)
 	p("add rule %s cluster-ips-check ip daddr %s drop comment \"Drop traffic to unallocated ClusterIPs\"\n", t, s.ServiceCIDR)
@@ -104,11 +105,10 @@ func (s ServiceSet) WriteNFT(w io.Writer) error {
 			t, svc, s.VIP(i), proto, s.Port(i), s.ClusterCIDR)
 		p("add rule %s %s numgen random mod %d vmap {", t, svc, n)
 		for e := range s.Endpoints {
-			sep := " ,"
-			if e == 0 {
-				sep = ""
+			if e > 0 {
+				p(" ,")
 			}
-			p("%s %d : goto %s", sep, e, s.NFTEndpointChain(i, e))
+			p(" %d : goto %s", e, s.NFTEndpointChain(i, e))
 		}
 		p(" }\n")
 		for e, ep := range s.Endpoints {
@@ -118,18 +118,18 @@ func (s ServiceSet) WriteNFT(w io.Writer) error {
 		}
 	}
 	// Elements last, as kube-proxy does: the chains they name must exist.
-	for i := range s.Count {
-		if i == 0 || i%65536 == 0 {
-			p("add element %s cluster-ips {", t)
-			for j := i; j < min(s.Count, i+65536) && j < 65536; j++ {
-				sep := " ,"
-				if j == i {
-					sep = ""
-				}
-				p("%s %s", sep, s.VIP(j))
+	distinct := min(s.Count, addrsPerPort)
+	for i := 0; i < distinct; i += 1000 {
+		p("add element %s cluster-ips {", t)
+		for j := i; j < min(distinct, i+1000); j++ {
+			if j > i {
+				p(" ,")
 			}
-			p(" }\n")
+			p(" %s", s.VIP(j))
 		}
+		p(" }\n")
+	}
+	for i := range s.Count {
 		p("add element %s service-ips { %s . %s . %d : goto %s }\n", t, s.VIP(i), proto, s.Port(i), s.NFTServiceChain(i))
 	}
 	return b.Flush()

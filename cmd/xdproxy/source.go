@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/xdproxy/xdproxy/control/config"
+	"github.com/xdproxy/xdproxy/control/filesource"
 	"github.com/xdproxy/xdproxy/control/kubesource"
 	"github.com/xdproxy/xdproxy/control/metrics"
 	"github.com/xdproxy/xdproxy/dataplane/service"
@@ -42,6 +43,21 @@ func startSource(ctx context.Context, cfg *config.Config, reg *prometheus.Regist
 	go func() {
 		if err := src.Run(ctx); err != nil && ctx.Err() == nil {
 			errc <- fmt.Errorf("kubernetes source: %w", err)
+		}
+	}()
+	return nil
+}
+
+func startFileSource(ctx context.Context, cfg *config.Config, log *slog.Logger, node service.Node,
+	m *metrics.Metrics, publish func(*service.Model), errc chan<- error) error {
+	proxy := ""
+	src, err := filesource.New(filesource.Config{Path: cfg.Services.File, Node: node, ProxyName: proxy, Logger: log, Metrics: m}, publish)
+	if err != nil {
+		return fmt.Errorf("services.file: %w", err)
+	}
+	go func() {
+		if err := src.Run(ctx); err != nil && ctx.Err() == nil {
+			errc <- fmt.Errorf("file source: %w", err)
 		}
 	}()
 	return nil

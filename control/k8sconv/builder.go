@@ -23,16 +23,25 @@ type SliceKey struct {
 // A Builder is not safe for concurrent use; one goroutine (the sync loop)
 // owns it.
 type Builder struct {
-	services map[types.NamespacedName]*Service
-	slices   map[types.NamespacedName]map[string]*Slice
-	owner    map[SliceKey]types.NamespacedName // slice -> the service it was filed under
+	entries []entry // one per service, sorted by key
+	slices  map[types.NamespacedName]map[string]*Slice
+	owner   map[SliceKey]types.NamespacedName // slice -> the service it was filed under
 
-	built map[types.NamespacedName][]service.ServicePort
-	order []types.NamespacedName // keys of services, sorted
-	total int                    // ServicePorts across built
 	dirty map[types.NamespacedName]struct{}
+	// last is the previous Model's Ports. While no service comes, goes or
+	// changes its number of ports, the next Model is a copy of it with the
+	// rebuilt services written over their old places.
+	last          []service.ServicePort
+	layoutChanged bool
 
 	seen map[endpointKey]int // scratch for de-duplication
+}
+
+type entry struct {
+	key    types.NamespacedName
+	svc    *Service
+	ports  []service.ServicePort
+	offset int // of ports in last
 }
 
 type endpointKey struct {
@@ -43,31 +52,30 @@ type endpointKey struct {
 // NewBuilder returns an empty Builder.
 func NewBuilder() *Builder {
 	return &Builder{
-		services: make(map[types.NamespacedName]*Service),
-		slices:   make(map[types.NamespacedName]map[string]*Slice),
-		owner:    make(map[SliceKey]types.NamespacedName),
-		built:    make(map[types.NamespacedName][]service.ServicePort),
-		dirty:    make(map[types.NamespacedName]struct{}),
-		seen:     make(map[endpointKey]int),
+		slices: make(map[types.NamespacedName]map[string]*Slice),
+		owner:  make(map[SliceKey]types.NamespacedName),
+		dirty:  make(map[types.NamespacedName]struct{}),
+		seen:   make(map[endpointKey]int),
 	}
+}
+
+func (b *Builder) find(key types.NamespacedName) (int, bool) {
+	return slices.BinarySearchFunc(b.entries, key, func(e entry, k types.NamespacedName) int { return compareKey(e.key, k) })
 }
 
 // SetService records svc under key; a nil svc removes the service (deleted,
 // or not programmed).
 func (b *Builder) SetService(key types.NamespacedName, svc *Service) {
-	_, had := b.services[key]
-	i, found := slices.BinarySearchFunc(b.order, key, compareKey)
+	i, found := b.find(key)
 	switch {
-	case svc == nil && had:
-		delete(b.services, key)
-		if found {
-			b.order = slices.Delete(b.order, i, i+1)
-		}
+	case svc == nil && found:
+		b.entries = slices.Delete(b.entries, i, i+1)
+		b.layoutChanged = true
+	case svc != nil && found:
+		b.entries[i].svc = svc
 	case svc != nil:
-		b.services[key] = svc
-		if !found {
-			b.order = slices.Insert(b.order, i, key)
-		}
+		b.entries = slices.Insert(b.entries, i, entry{key: key, svc: svc})
+		b.layoutChanged = true
 	default:
 		return
 	}
@@ -98,28 +106,47 @@ func (b *Builder) SetSlice(key SliceKey, sl *Slice) {
 }
 
 // Services reports how many services the Builder holds.
-func (b *Builder) Services() int { return len(b.services) }
+func (b *Builder) Services() int { return len(b.entries) }
 
 // Model rebuilds the services that changed and returns a new Model for
-// node. The Model shares unchanged ServicePorts with earlier Models; none
-// of them is modified again.
+// node. The Model shares unchanged ServicePorts' contents with earlier
+// Models; none of them is modified again.
 func (b *Builder) Model(node service.Node) *service.Model {
+	var rebuilt []int
 	for key := range b.dirty {
-		b.total -= len(b.built[key])
-		if svc := b.services[key]; svc != nil {
-			ports := b.build(svc)
-			b.built[key] = ports
-			b.total += len(ports)
-		} else {
-			delete(b.built, key)
+		i, found := b.find(key)
+		if !found {
+			continue // removed; layoutChanged is set
 		}
+		e := &b.entries[i]
+		ports := b.build(e.svc)
+		if len(ports) != len(e.ports) {
+			b.layoutChanged = true
+		}
+		e.ports = ports
+		rebuilt = append(rebuilt, i)
 	}
 	clear(b.dirty)
 
-	ports := make([]service.ServicePort, 0, b.total)
-	for _, key := range b.order {
-		ports = append(ports, b.built[key]...)
+	var ports []service.ServicePort
+	if b.layoutChanged || b.last == nil {
+		total := 0
+		for i := range b.entries {
+			total += len(b.entries[i].ports)
+		}
+		ports = make([]service.ServicePort, 0, total)
+		for i := range b.entries {
+			b.entries[i].offset = len(ports)
+			ports = append(ports, b.entries[i].ports...)
+		}
+		b.layoutChanged = false
+	} else {
+		ports = slices.Clone(b.last)
+		for _, i := range rebuilt {
+			copy(ports[b.entries[i].offset:], b.entries[i].ports)
+		}
 	}
+	b.last = ports
 	return &service.Model{Node: node, Ports: ports}
 }
 

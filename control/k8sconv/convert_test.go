@@ -399,7 +399,7 @@ func TestSliceConversion(t *testing.T) {
 			wantLog: "is not of addressType IPv6",
 		},
 		{
-			name: "malformed endpoint address drops that endpoint only",
+			name:  "malformed endpoint address drops that endpoint only",
 			slice: makeSlice("ns1", "a-1", "a", withEndpoints(ep("10.0.0.1"), ep("10.0.0"))),
 			want: &Slice{
 				Service:   typesName("ns1", "a"),

@@ -303,6 +303,9 @@ func (c *Cluster) startAPIServer() error {
 		// plugin would reject every Pod.
 		"--disable-admission-plugins=ServiceAccount",
 		"--profiling=false",
+		// Open watches would otherwise hold a SIGTERMed server up to its 60 s
+		// shutdown timeout; with a grace period it ends them and exits.
+		"--shutdown-watch-termination-grace-period=2s",
 	}
 	args = append(args, c.opts.APIServerArgs...)
 	p, err := startProcess("kube-apiserver", c.apiserverBin, args, filepath.Join(c.dir, "kube-apiserver.log"))

@@ -179,6 +179,7 @@ func TestInformerSurvivesAPIServerRestart(t *testing.T) {
 
 	c.StopAPIServer()
 	c.StartAPIServer()
+	restarted := time.Now()
 
 	ready := true
 	created := &discoveryv1.EndpointSlice{
@@ -199,6 +200,7 @@ func TestInformerSurvivesAPIServerRestart(t *testing.T) {
 	deadline := time.Now().Add(time.Minute)
 	for {
 		if _, err := sliceInformer.Lister().EndpointSlices("default").Get("after-restart"); err == nil {
+			t.Logf("the informer saw the new EndpointSlice %v after the restart", time.Since(restarted).Round(time.Millisecond))
 			return
 		}
 		if time.Now().After(deadline) {

@@ -99,7 +99,6 @@ func writeCredentials(dir string, serviceCIDR netip.Prefix) (*credentials, error
 		return nil, err
 	}
 
-
 	c := &credentials{
 		caPEM:          pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
 		token:          randomToken(),

@@ -126,55 +126,58 @@ func pin(cpu int) error {
 	return unix.SchedSetaffinity(0, &set)
 }
 
-func cpuNanos(who int) int64 {
+// usage returns the CPU time and voluntary context switches (sleeps) of
+// who, RUSAGE_THREAD or RUSAGE_SELF.
+func usage(who int) (cpu time.Duration, sleeps int64) {
 	var ru unix.Rusage
 	if err := unix.Getrusage(who, &ru); err != nil {
 		panic(err)
 	}
-	return ru.Utime.Nano() + ru.Stime.Nano()
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), ru.Nvcsw
 }
 
 // receiver is one side of the comparison.
 type receiver struct {
 	name  string
 	gen   *generator
-	drops func() uint64                       // kernel's drop counters for the socket
-	prime func()                              // empties the RX ring and fills the fill ring
-	loop  func(n int) (sleeps int, err error) // receives n frames
+	drops func() uint64     // kernel's drop counters for the socket
+	prime func()            // empties the RX ring and fills the fill ring
+	loop  func(n int) error // receives n frames
 }
 
 // measureRx runs r's generator at rate on genCPU while r's loop receives
 // b.N frames on rxCPU, and reports receive throughput, the receiving
 // thread's CPU time per frame, the whole process's CPU time per frame (the
 // generator and the kernel's veth, XDP and copy work, which runs in the
-// sender's context, included), kernel drops per received frame, and sleeps
-// (polls entered with an empty RX ring) per frame.
+// sender's context, included), kernel drops per received frame, and the
+// receiving thread's sleeps (voluntary context switches) per frame.
 func measureRx(b *testing.B, r receiver, rate, genCPU, rxCPU int) {
 	b.ReportAllocs()
 	r.prime()
 	dropsBefore := r.drops()
 	type result struct {
-		threadCPU int64
-		sleeps    int
-		err       error
+		cpu    time.Duration
+		sleeps int64
+		err    error
 	}
 	resc := make(chan result, 1)
 	r.gen.start(rate, genCPU)
 	b.ResetTimer()
 	start := time.Now()
-	selfBefore := cpuNanos(unix.RUSAGE_SELF)
+	selfBefore, _ := usage(unix.RUSAGE_SELF)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the pinned thread is discarded
 		if err := pin(rxCPU); err != nil {
 			resc <- result{err: err}
 			return
 		}
-		before := cpuNanos(unix.RUSAGE_THREAD)
-		sleeps, err := r.loop(b.N)
-		resc <- result{cpuNanos(unix.RUSAGE_THREAD) - before, sleeps, err}
+		cpu0, sleeps0 := usage(unix.RUSAGE_THREAD)
+		err := r.loop(b.N)
+		cpu1, sleeps1 := usage(unix.RUSAGE_THREAD)
+		resc <- result{cpu1 - cpu0, sleeps1 - sleeps0, err}
 	}()
 	res := <-resc
-	selfCPU := cpuNanos(unix.RUSAGE_SELF) - selfBefore
+	selfAfter, _ := usage(unix.RUSAGE_SELF)
 	elapsed := time.Since(start)
 	b.StopTimer()
 	if err := r.gen.halt(); err != nil {
@@ -185,8 +188,8 @@ func measureRx(b *testing.B, r receiver, rate, genCPU, rxCPU int) {
 	}
 	n := float64(b.N)
 	b.ReportMetric(n/elapsed.Seconds(), "frames/s")
-	b.ReportMetric(float64(res.threadCPU)/n, "rx-cpu-ns/frame")
-	b.ReportMetric(float64(selfCPU)/n, "all-cpu-ns/frame")
+	b.ReportMetric(float64(res.cpu.Nanoseconds())/n, "rx-cpu-ns/frame")
+	b.ReportMetric(float64((selfAfter-selfBefore).Nanoseconds())/n, "all-cpu-ns/frame")
 	b.ReportMetric(float64(r.drops()-dropsBefore)/n, "drops/frame")
 	b.ReportMetric(float64(res.sleeps)/n, "sleeps/frame")
 	time.Sleep(20 * time.Millisecond) // let frames in flight land before the next prime
@@ -253,26 +256,23 @@ func BenchmarkReceive(b *testing.B) {
 			ax.Fill(ax.GetDescs(ax.NumFreeFillSlots()))
 		},
 		// The loop asavie's documentation shows: fill, poll, receive.
-		loop: func(n int) (sleeps int, err error) {
+		loop: func(n int) error {
 			idle := 0
 			for got := 0; got < n; {
 				ax.Fill(ax.GetDescs(ax.NumFreeFillSlots()))
-				if ax.NumReceived() == 0 {
-					sleeps++ // this poll has to wait for a frame
-				}
 				numRx, _, err := ax.Poll(10)
 				if err != nil {
-					return sleeps, err
+					return err
 				}
 				k := len(ax.Receive(numRx))
 				got += k
 				if k > 0 {
 					idle = 0
 				} else if idle++; idle > maxIdlePolls {
-					return sleeps, errStalled
+					return errStalled
 				}
 			}
-			return sleeps, nil
+			return nil
 		},
 	}, {
 		name: "afxdp",
@@ -293,18 +293,17 @@ func BenchmarkReceive(b *testing.B) {
 			ours.Refill()
 		},
 		// A worker's loop: refill, take a batch, sleep in Wait when empty.
-		loop: func(n int) (sleeps int, err error) {
+		loop: func(n int) error {
 			idle := 0
 			for got := 0; got < n; {
 				ours.Refill()
 				k := ours.Receive(descs)
 				if k == 0 {
-					sleeps++
 					if _, err := ours.Wait(10 * time.Millisecond); err != nil {
-						return sleeps, err
+						return err
 					}
 					if idle++; idle > maxIdlePolls {
-						return sleeps, errStalled
+						return errStalled
 					}
 					continue
 				}
@@ -314,52 +313,7 @@ func BenchmarkReceive(b *testing.B) {
 				}
 				got += k
 			}
-			return sleeps, nil
-		},
-	}, {
-		name: "afxdp-yield",
-		gen:  newGenerator(b, e, 1),
-		drops: func() uint64 {
-			st, _ := ours.Stats()
-			return st.RxDropped + st.RxRingFull + st.FillRingEmpty
-		},
-		prime: func() {
-			for n := ours.Receive(descs); n > 0; n = ours.Receive(descs) {
-				for _, d := range descs[:n] {
-					ours.Release(d)
-				}
-			}
-			ours.Refill()
-		},
-		loop: func(n int) (sleeps int, err error) {
-			idle := 0
-			yielded := false
-			for got := 0; got < n; {
-				ours.Refill()
-				k := ours.Receive(descs)
-				if k == 0 {
-					if !yielded {
-						yielded = true
-						ours.Wait(0)
-						continue
-					}
-					sleeps++
-					if _, err := ours.Wait(10 * time.Millisecond); err != nil {
-						return sleeps, err
-					}
-					if idle++; idle > maxIdlePolls {
-						return sleeps, errStalled
-					}
-					continue
-				}
-				yielded = false
-				idle = 0
-				for _, d := range descs[:k] {
-					ours.Release(d)
-				}
-				got += k
-			}
-			return sleeps, nil
+			return nil
 		},
 	}}
 

@@ -28,12 +28,15 @@
 // makes at most the syscalls the kernel needs to be woken (always in copy
 // mode, where the kernel transmits inside sendto).
 //
-// Threading rule: a Socket is used by one goroutine at a time. Its methods
-// take no locks. A worker that owns a socket's RX side and also transmits
-// on it needs nothing more; callers that share a socket's TX side between
-// goroutines (for example forwarding into another interface's socket)
-// serialize those calls themselves, and the frames they Alloc come from that
-// socket's UMEM, so the same rule covers Alloc and Release.
+// Threading rule: a Socket is used by one goroutine at a time; its methods
+// take no locks. There is no separate RX and TX owner: Refill, Release,
+// Alloc and Complete all work on the one free stack, so a goroutine that
+// transmits on a socket another goroutine receives on (for example
+// forwarding into another interface's socket) must serialize with it, and
+// callers that share a socket's TX side serialize among themselves.
+//
+// Each socket has its own UMEM, so a frame received on one socket is sent on
+// another by copying it into a frame from the other socket's Alloc.
 //
 // Lifetimes: slices returned by Frame alias the UMEM and are valid only while
 // the caller owns the frame, and never after Close. Open neither loads nor

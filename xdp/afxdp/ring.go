@@ -93,8 +93,11 @@ func (r *ring[T]) submit(n uint32) {
 
 // pending reports how many submitted slots the kernel has not consumed yet.
 func (r *ring[T]) pending() uint32 {
-	return r.cachedProd - atomic.LoadUint32(r.consumer)
+	return r.cachedProd - r.consumed()
 }
+
+// consumed reads the kernel's consumer index of a ring we produce into.
+func (r *ring[T]) consumed() uint32 { return atomic.LoadUint32(r.consumer) }
 
 // available returns how many slots a consumer may read now, at most n. It
 // reads the kernel's producer index only when the cached entries run out.

@@ -22,19 +22,18 @@ type Desc struct {
 // Stats are the kernel's XDP_STATISTICS counters for the socket together
 // with where the socket's frames are right now.
 type Stats struct {
-	RxDropped       uint64 // frames dropped for reasons other than the two below
-	RxInvalidDescs  uint64 // invalid descriptors on the fill ring
-	TxInvalidDescs  uint64 // invalid descriptors on the TX ring
-	RxRingFull      uint64 // frames dropped because the RX ring was full
-	FillRingEmpty   uint64 // times the kernel found the fill ring empty
-	TxRingEmpty     uint64 // times the kernel found the TX ring empty when kicked
-	KickErrors      uint64 // sendto/recvfrom wakeups that failed with an unexpected errno
-	FramesFree      int    // frames on the free stack
-	FramesFill      int    // frames given to the kernel for RX and not yet received
-	FramesTx        int    // frames given to the kernel for TX and not yet completed
-	FramesHeld      int    // frames the caller holds (received or allocated, not yet released)
-	ZeroCopy        bool   // whether the kernel bound the socket in zero-copy mode
-	NeedWakeupInUse bool   // whether the socket was bound with XDP_USE_NEED_WAKEUP
+	RxDropped      uint64 // frames dropped for other reasons than the two below (e.g. too long)
+	RxInvalidDescs uint64 // invalid descriptors on the fill ring
+	TxInvalidDescs uint64 // invalid descriptors on the TX ring
+	RxRingFull     uint64 // frames dropped because the RX ring was full
+	FillRingEmpty  uint64 // frames dropped because the fill ring was empty
+	TxRingEmpty    uint64 // times the kernel found the TX ring empty when woken
+	KickErrors     uint64 // sendto/recvfrom wakeups that failed with an unexpected errno
+	FramesFree     int    // frames on the free stack
+	FramesFill     int    // frames given to the kernel for RX and not yet received
+	FramesTx       int    // frames given to the kernel for TX and not yet completed
+	FramesHeld     int    // frames the caller holds (received or allocated, not yet released)
+	ZeroCopy       bool   // whether the kernel bound the socket in zero-copy mode
 }
 
 // Socket is one AF_XDP socket bound to one queue of one interface, with its
@@ -72,7 +71,7 @@ type Socket struct {
 // ErrClosed is returned by methods of a closed Socket that can fail.
 var ErrClosed = errors.New("afxdp: socket closed")
 
-// bindRetry bounds how long Open retries a bind that fails with EBUSY: the
+// bindRetryFor bounds how long Open retries a bind that fails with EBUSY: the
 // kernel releases a queue's previous socket asynchronously, so a bind right
 // after another socket on the queue closed fails for a moment.
 const (
@@ -263,19 +262,18 @@ func (s *Socket) Stats() (Stats, error) {
 		return Stats{}, fmt.Errorf("afxdp: getsockopt XDP_STATISTICS: %w", err)
 	}
 	return Stats{
-		RxDropped:       ks.Rx_dropped,
-		RxInvalidDescs:  ks.Rx_invalid_descs,
-		TxInvalidDescs:  ks.Tx_invalid_descs,
-		RxRingFull:      ks.Rx_ring_full,
-		FillRingEmpty:   ks.Rx_fill_ring_empty_descs,
-		TxRingEmpty:     ks.Tx_ring_empty_descs,
-		KickErrors:      s.kickErrors,
-		FramesFree:      s.nfree,
-		FramesFill:      s.inFill,
-		FramesTx:        s.inTx,
-		FramesHeld:      s.cfg.NumFrames - s.nfree - s.inFill - s.inTx,
-		ZeroCopy:        s.zeroCopy,
-		NeedWakeupInUse: s.cfg.NeedWakeup,
+		RxDropped:      ks.Rx_dropped,
+		RxInvalidDescs: ks.Rx_invalid_descs,
+		TxInvalidDescs: ks.Tx_invalid_descs,
+		RxRingFull:     ks.Rx_ring_full,
+		FillRingEmpty:  ks.Rx_fill_ring_empty_descs,
+		TxRingEmpty:    ks.Tx_ring_empty_descs,
+		KickErrors:     s.kickErrors,
+		FramesFree:     s.nfree,
+		FramesFill:     s.inFill,
+		FramesTx:       s.inTx,
+		FramesHeld:     s.cfg.NumFrames - s.nfree - s.inFill - s.inTx,
+		ZeroCopy:       s.zeroCopy,
 	}, nil
 }
 
@@ -360,7 +358,7 @@ func (s *Socket) Transmit(descs []Desc) int {
 // completion ring full; kick again only while it makes progress.
 func (s *Socket) kickTx() {
 	for {
-		before := atomicConsumer(&s.tx)
+		before := s.tx.consumed()
 		_, _, errno := unix.Syscall6(unix.SYS_SENDTO, uintptr(s.fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
 		switch errno {
 		case 0, unix.EBUSY, unix.ENOBUFS, unix.ENETDOWN:
@@ -368,7 +366,7 @@ func (s *Socket) kickTx() {
 		case unix.EINTR:
 			continue
 		case unix.EAGAIN:
-			after := atomicConsumer(&s.tx)
+			after := s.tx.consumed()
 			if after == before || s.tx.cachedProd == after {
 				return
 			}

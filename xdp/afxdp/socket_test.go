@@ -383,8 +383,9 @@ func TestWaitTimesOutWhenIdle(t *testing.T) {
 	}
 }
 
-// TestHotPathAllocs measures allocations of the per-batch calls on a live
-// socket while frames really pass through RX, TX and completion.
+// TestHotPathAllocs measures allocations of the per-batch calls (and of
+// Wait, here with a zero timeout) on a live socket while frames really pass
+// through RX, TX and completion.
 func TestHotPathAllocs(t *testing.T) {
 	e := newEnv(t, 1)
 	s := e.open(t, 0, DefaultConfig())
@@ -408,6 +409,9 @@ func TestHotPathAllocs(t *testing.T) {
 		transmitted += s.Transmit(descs[:k])
 		s.Complete()
 		s.Refill()
+		if _, err := s.Wait(0); err != nil {
+			panic(err)
+		}
 		if d, ok := s.Alloc(); ok {
 			copy(s.Frame(d)[:n], frame[:n])
 			d.Len = uint32(n)
@@ -456,4 +460,49 @@ func TestBindModes(t *testing.T) {
 		}
 		s.Close()
 	}
+}
+
+// TestRingsWrap pushes ten rings' worth of frames through 32-slot rings in
+// both directions, so every index wraps many times and a side that forgot
+// to publish its producer or consumer index would stall the kernel.
+func TestRingsWrap(t *testing.T) {
+	e := newEnv(t, 1)
+	cfg := Config{NumFrames: 64, FrameSize: 2048, FillRingSize: 32, CompletionRingSize: 32, RxRingSize: 32, TxRingSize: 32, NeedWakeup: true}
+	s := e.open(t, 0, cfg)
+	peer := e.udpB(t, 0)
+	peerPort := uint16(peer.LocalAddr().(*net.UDPAddr).Port)
+	buf := make([]byte, 2048)
+	const rounds, burst = 20, 16
+	for r := 0; r < rounds; r++ {
+		s.Refill()
+		for i := 0; i < burst; i++ {
+			peer.WriteToUDP([]byte{byte(r), byte(i)}, &net.UDPAddr{IP: ipA, Port: 9})
+		}
+		descs := receiveN(t, s, burst, 3*time.Second)
+		for i, d := range descs {
+			_, _, payload, ok := udpPayload(s.Frame(d))
+			if !ok || len(payload) != 2 || payload[0] != byte(r) || payload[1] != byte(i) {
+				t.Fatalf("round %d frame %d: payload %v", r, i, payload)
+			}
+			descs[i].Len = uint32(buildUDP(s.Frame(d)[:d.Len], macA, macB, ipA, ipB, 9, peerPort, []byte{byte(r), byte(i)}))
+		}
+		if n := s.Transmit(descs); n != burst {
+			t.Fatalf("round %d: Transmit took %d of %d", r, n, burst)
+		}
+		peer.SetReadDeadline(time.Now().Add(3 * time.Second))
+		for i := 0; i < burst; i++ {
+			n, _, err := peer.ReadFromUDP(buf)
+			if err != nil || n != 2 || buf[0] != byte(r) || buf[1] != byte(i) {
+				t.Fatalf("round %d reply %d: % x, %v", r, i, buf[:n], err)
+			}
+		}
+		done := 0
+		for deadline := time.Now().Add(time.Second); done < burst && time.Now().Before(deadline); {
+			done += s.Complete()
+		}
+		if done != burst {
+			t.Fatalf("round %d: %d of %d frames completed", r, done, burst)
+		}
+	}
+	checkFrames(t, s, 0)
 }

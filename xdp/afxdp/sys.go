@@ -1,7 +1,6 @@
 package afxdp
 
 import (
-	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -24,5 +23,3 @@ func getsockopt(fd, opt int, val unsafe.Pointer, size *uint32) error {
 	}
 	return nil
 }
-
-func atomicConsumer[T uint64 | Desc](r *ring[T]) uint32 { return atomic.LoadUint32(r.consumer) }

@@ -1,0 +1,348 @@
+package topo
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
+
+	"github.com/xdproxy/xdproxy/dataplane/testbed"
+)
+
+// Interface names.
+const (
+	GenIface     = "g0"
+	NodeInIface  = "n0"
+	NodeOutIface = "n1"
+	SinkIface    = "s0"
+)
+
+// Addresses.
+var (
+	GenAddr     = netip.MustParseAddr("198.18.0.2")
+	NodeInAddr  = netip.MustParseAddr("198.18.0.1")
+	NodeOutAddr = netip.MustParseAddr("198.18.1.1")
+	// SinkAddrs are the sink's addresses; the benchmark's services use
+	// them as endpoints.
+	SinkAddrs = []netip.Addr{netip.MustParseAddr("198.18.1.2"), netip.MustParseAddr("198.18.1.3")}
+	// PodCIDR holds the generator and its flows' sources.
+	PodCIDR = netip.MustParsePrefix("198.18.0.0/24")
+	// FlowSource is the source address of flow 0.
+	FlowSource = netip.MustParseAddr("198.18.0.16")
+	// ServiceCIDR holds the services' cluster IPs.
+	ServiceCIDR = netip.MustParsePrefix("198.19.0.0/16")
+)
+
+// Plan places the work: the generator (and the sink's receive work) on
+// GenCPU, everything the path under test does on ForwardCPU.
+type Plan struct {
+	GenCPU     int
+	ForwardCPU int
+}
+
+// Mask is the hex CPU mask of cpu, for rps_cpus.
+func Mask(cpu int) string { return strconv.FormatUint(1<<uint(cpu), 16) }
+
+// Topology is a live topology.
+type Topology struct {
+	ID                   string
+	Gen, Node, Sink      string // namespace names
+	GenMAC, NodeInMAC    net.HardwareAddr
+	NodeOutMAC, SinkMAC  net.HardwareAddr
+	GenIndex, SinkIndex  int
+	NodeInIdx, NodeOutIx int
+	closed               bool
+}
+
+// Options shape a Topology.
+type Options struct {
+	// Queues per veth; 0 means 1.
+	Queues int
+}
+
+// New builds the topology; on error nothing is left behind.
+func New(opts Options) (*Topology, error) {
+	if opts.Queues == 0 {
+		opts.Queues = 1
+	}
+	var suffix [3]byte
+	if _, err := rand.Read(suffix[:]); err != nil {
+		return nil, err
+	}
+	id := fmt.Sprintf("%s%d-%s", testbed.Prefix, os.Getpid(), hex.EncodeToString(suffix[:]))
+	t := &Topology{ID: id, Gen: id + "-gen", Node: id + "-node", Sink: id + "-sink"}
+	if err := t.build(opts); err != nil {
+		return nil, errors.Join(err, t.Close())
+	}
+	return t, nil
+}
+
+func run(args ...string) error {
+	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("topo: %s: %w: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+func (t *Topology) build(o Options) error {
+	q := strconv.Itoa(o.Queues)
+	steps := [][]string{
+		{"ip", "netns", "add", t.Gen}, {"ip", "netns", "add", t.Node}, {"ip", "netns", "add", t.Sink},
+		{"ip", "-n", t.Gen, "link", "add", GenIface, "numtxqueues", q, "numrxqueues", q, "type", "veth",
+			"peer", "name", NodeInIface, "netns", t.Node, "numtxqueues", q, "numrxqueues", q},
+		{"ip", "-n", t.Node, "link", "add", NodeOutIface, "numtxqueues", q, "numrxqueues", q, "type", "veth",
+			"peer", "name", SinkIface, "netns", t.Sink, "numtxqueues", q, "numrxqueues", q},
+		{"ip", "-n", t.Gen, "addr", "add", GenAddr.String() + "/24", "dev", GenIface},
+		{"ip", "-n", t.Node, "addr", "add", NodeInAddr.String() + "/24", "dev", NodeInIface},
+		{"ip", "-n", t.Node, "addr", "add", NodeOutAddr.String() + "/24", "dev", NodeOutIface},
+	}
+	for _, a := range SinkAddrs {
+		steps = append(steps, []string{"ip", "-n", t.Sink, "addr", "add", a.String() + "/24", "dev", SinkIface})
+	}
+	for _, ns := range []string{t.Gen, t.Node, t.Sink} {
+		steps = append(steps, []string{"ip", "-n", ns, "link", "set", "lo", "up"})
+	}
+	steps = append(steps,
+		[]string{"ip", "-n", t.Gen, "link", "set", GenIface, "up"},
+		[]string{"ip", "-n", t.Node, "link", "set", NodeInIface, "up"},
+		[]string{"ip", "-n", t.Node, "link", "set", NodeOutIface, "up"},
+		[]string{"ip", "-n", t.Sink, "link", "set", SinkIface, "up"},
+		[]string{"ip", "-n", t.Gen, "route", "add", "default", "via", NodeInAddr.String()},
+		[]string{"ip", "-n", t.Sink, "route", "add", "default", "via", NodeOutAddr.String()},
+		[]string{"ip", "netns", "exec", t.Node, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1",
+			"net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0",
+			"net.ipv4.conf." + NodeInIface + ".rp_filter=0", "net.ipv4.conf." + NodeOutIface + ".rp_filter=0"},
+	)
+	for _, s := range steps {
+		if err := run(s...); err != nil {
+			return err
+		}
+	}
+	var err error
+	if t.GenMAC, t.GenIndex, err = linkInfo(t.Gen, GenIface); err != nil {
+		return err
+	}
+	if t.NodeInMAC, t.NodeInIdx, err = linkInfo(t.Node, NodeInIface); err != nil {
+		return err
+	}
+	if t.NodeOutMAC, t.NodeOutIx, err = linkInfo(t.Node, NodeOutIface); err != nil {
+		return err
+	}
+	if t.SinkMAC, t.SinkIndex, err = linkInfo(t.Sink, SinkIface); err != nil {
+		return err
+	}
+	neigh := [][]string{
+		{"ip", "-n", t.Gen, "neigh", "replace", NodeInAddr.String(), "lladdr", t.NodeInMAC.String(), "dev", GenIface, "nud", "permanent"},
+		{"ip", "-n", t.Node, "neigh", "replace", GenAddr.String(), "lladdr", t.GenMAC.String(), "dev", NodeInIface, "nud", "permanent"},
+		{"ip", "-n", t.Sink, "neigh", "replace", NodeOutAddr.String(), "lladdr", t.NodeOutMAC.String(), "dev", SinkIface, "nud", "permanent"},
+	}
+	for _, a := range SinkAddrs {
+		neigh = append(neigh, []string{"ip", "-n", t.Node, "neigh", "replace", a.String(), "lladdr", t.SinkMAC.String(), "dev", NodeOutIface, "nud", "permanent"})
+	}
+	for _, s := range neigh {
+		if err := run(s...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func linkInfo(ns, iface string) (net.HardwareAddr, int, error) {
+	var mac net.HardwareAddr
+	var idx int
+	err := testbed.DoIn(ns, func() error {
+		l, err := netlink.LinkByName(iface)
+		if err != nil {
+			return err
+		}
+		mac, idx = l.Attrs().HardwareAddr, l.Attrs().Index
+		return nil
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("topo: %s/%s: %w", ns, iface, err)
+	}
+	return mac, idx, nil
+}
+
+// Namespaces lists the namespace names.
+func (t *Topology) Namespaces() []string { return []string{t.Gen, t.Node, t.Sink} }
+
+// Command returns "ip netns exec ns args...".
+func (t *Topology) Command(ns string, args ...string) *exec.Cmd {
+	return exec.Command("ip", append([]string{"netns", "exec", ns}, args...)...)
+}
+
+// Exec runs args in ns; the error carries the output.
+func (t *Topology) Exec(ns string, args ...string) ([]byte, error) {
+	out, err := t.Command(ns, args...).CombinedOutput()
+	if err != nil {
+		return out, fmt.Errorf("topo: %s: %v: %w: %s", ns, args, err, bytes.TrimSpace(out))
+	}
+	return out, nil
+}
+
+// ExecInput runs args in ns with stdin from in.
+func (t *Topology) ExecInput(ns string, in []byte, args ...string) error {
+	cmd := t.Command(ns, args...)
+	cmd.Stdin = bytes.NewReader(in)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("topo: %s: %v: %w: %s", ns, args, err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+// Close kills what still runs in the namespaces and deletes them.
+func (t *Topology) Close() error {
+	if t.closed {
+		return nil
+	}
+	t.closed = true
+	var errs []error
+	for _, ns := range t.Namespaces() {
+		if _, err := os.Stat("/run/netns/" + ns); err != nil {
+			continue
+		}
+		killIn(ns)
+		if err := run("ip", "netns", "del", ns); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func killIn(ns string) {
+	out, err := exec.Command("ip", "netns", "pids", ns).Output()
+	if err != nil {
+		return
+	}
+	for _, f := range strings.Fields(string(out)) {
+		if pid, err := strconv.Atoi(f); err == nil && pid != os.Getpid() {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	time.Sleep(20 * time.Millisecond)
+}
+
+// SetRPS steers the backlog work of every rx queue of iface to cpu.
+func (t *Topology) SetRPS(ns, iface string, cpu int) error {
+	_, err := t.Exec(ns, "sh", "-c", fmt.Sprintf("for q in /sys/class/net/%s/queues/rx-*; do echo %s > $q/rps_cpus || exit 1; done", iface, Mask(cpu)))
+	return err
+}
+
+// SetThreaded turns threaded NAPI on or off for iface.
+func (t *Topology) SetThreaded(ns, iface string, on bool) error {
+	v := "0"
+	if on {
+		v = "1"
+	}
+	_, err := t.Exec(ns, "sh", "-c", fmt.Sprintf("echo %s > /sys/class/net/%s/threaded", v, iface))
+	return err
+}
+
+// SetOffload runs "ethtool -K iface feature on|off".
+func (t *Topology) SetOffload(ns, iface, feature string, on bool) error {
+	v := "off"
+	if on {
+		v = "on"
+	}
+	_, err := t.Exec(ns, "ethtool", "-K", iface, feature, v)
+	return err
+}
+
+// ErrNoNAPI means the interface has no NAPI kthreads: a veth has NAPI only
+// while it runs an XDP program or has GRO on, and threads only when
+// threaded NAPI is on.
+var ErrNoNAPI = errors.New("topo: no NAPI kthreads (turn threaded NAPI on, attach XDP or turn GRO on first)")
+
+// PinNAPI pins iface's NAPI kthreads to cpu and returns their PIDs.
+func (t *Topology) PinNAPI(ns, iface string, cpu int) ([]int, error) {
+	pids, err := NAPIThreads(ns, iface)
+	if err != nil {
+		return nil, err
+	}
+	if len(pids) == 0 {
+		return nil, ErrNoNAPI
+	}
+	var set unix.CPUSet
+	set.Set(cpu)
+	for _, pid := range pids {
+		if err := unix.SchedSetaffinity(pid, &set); err != nil {
+			return nil, fmt.Errorf("topo: pin NAPI thread %d: %w", pid, err)
+		}
+	}
+	return pids, nil
+}
+
+// Generic netlink "netdev" family (include/uapi/linux/netdev.h).
+const (
+	netdevCmdNAPIGet = 11
+	napiAttrIfindex  = 1
+	napiAttrPID      = 4
+)
+
+// NAPIThreads asks the kernel's netdev family for the kthread PIDs of
+// iface's NAPI instances; thread names repeat across namespaces, so names
+// cannot tell topologies apart.
+func NAPIThreads(ns, iface string) ([]int, error) {
+	var pids []int
+	err := testbed.DoIn(ns, func() error {
+		l, err := netlink.LinkByName(iface)
+		if err != nil {
+			return err
+		}
+		fam, err := netlink.GenlFamilyGet("netdev")
+		if err != nil {
+			return fmt.Errorf("netdev genl family: %w", err)
+		}
+		req := nl.NewNetlinkRequest(int(fam.ID), unix.NLM_F_DUMP)
+		req.AddData(&nl.Genlmsg{Command: netdevCmdNAPIGet, Version: 1})
+		msgs, err := req.Execute(unix.NETLINK_GENERIC, 0)
+		if err != nil {
+			return fmt.Errorf("napi-get: %w", err)
+		}
+		for _, m := range msgs {
+			if len(m) < nl.SizeofGenlmsg {
+				continue
+			}
+			attrs, err := nl.ParseRouteAttr(m[nl.SizeofGenlmsg:])
+			if err != nil {
+				return err
+			}
+			var ifindex, pid uint32
+			for _, a := range attrs {
+				if len(a.Value) < 4 {
+					continue
+				}
+				switch a.Attr.Type {
+				case napiAttrIfindex:
+					ifindex = binary.NativeEndian.Uint32(a.Value)
+				case napiAttrPID:
+					pid = binary.NativeEndian.Uint32(a.Value)
+				}
+			}
+			if int(ifindex) == l.Attrs().Index && pid != 0 {
+				pids = append(pids, int(pid))
+			}
+		}
+		return nil
+	})
+	sort.Ints(pids)
+	return pids, err
+}

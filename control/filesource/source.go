@@ -1,0 +1,203 @@
+package filesource
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"log/slog"
+	"os"
+	"syscall"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/xdproxy/xdproxy/control/k8sconv"
+	"github.com/xdproxy/xdproxy/control/metrics"
+	"github.com/xdproxy/xdproxy/dataplane/service"
+)
+
+// DefaultPollInterval is how often the file is checked for changes.
+const DefaultPollInterval = time.Second
+
+// Config configures a Source.
+type Config struct {
+	// Path is the services file.
+	Path string
+	// Node is this node; the file does not describe it.
+	Node service.Node
+	// ProxyName is the service-proxy-name label value we serve
+	// (k8sconv.DefaultProxyName when empty).
+	ProxyName string
+	// PollInterval is how often the file is checked (DefaultPollInterval
+	// when zero). A change is applied once the file has stayed the same
+	// for one interval, so a half-written file is not loaded.
+	PollInterval time.Duration
+	Logger       *slog.Logger     // slog.Default() when nil
+	Metrics      *metrics.Metrics // nil records nothing
+}
+
+// Source publishes the Model described by a file, and a new one whenever
+// the file changes.
+type Source struct {
+	cfg     Config
+	publish func(*service.Model)
+	log     *slog.Logger
+
+	// Owned by the goroutine that polls.
+	published bool
+	applied   fileStamp // the file as last read (used or not)
+	candidate fileStamp // a change seen, waiting to settle
+	sum       [sha256.Size]byte
+	lastErr   string
+}
+
+// fileStamp identifies one version of the file. The inode catches an
+// editor that writes a new file and renames it over the old one.
+type fileStamp struct {
+	dev, ino uint64
+	size     int64
+	mtime    int64
+	ctime    int64
+}
+
+// ErrNoPath is returned when Config.Path is empty.
+var ErrNoPath = errors.New("filesource: Path is required")
+
+// New returns a Source for cfg. publish is called from the goroutine that
+// runs Run; the Model must not be modified.
+func New(cfg Config, publish func(*service.Model)) (*Source, error) {
+	if cfg.Path == "" {
+		return nil, ErrNoPath
+	}
+	if cfg.PollInterval <= 0 {
+		cfg.PollInterval = DefaultPollInterval
+	}
+	s := &Source{cfg: cfg, publish: publish, log: cfg.Logger}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	return s, nil
+}
+
+// Run loads the file, then polls it until ctx is done. A file that is
+// missing or unreadable at start is waited for; one that becomes
+// unreadable later leaves the last Model in force.
+func (s *Source) Run(ctx context.Context) error {
+	s.poll()
+	t := time.NewTicker(s.cfg.PollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			s.poll()
+		}
+	}
+}
+
+func stamp(path string) (fileStamp, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fileStamp{}, err
+	}
+	st := fileStamp{size: fi.Size(), mtime: fi.ModTime().UnixNano()}
+	if sys, ok := fi.Sys().(*syscall.Stat_t); ok {
+		st.dev, st.ino = uint64(sys.Dev), sys.Ino
+		st.ctime = sys.Ctim.Nano()
+	}
+	return st, nil
+}
+
+// poll checks the file once and publishes a new Model if it changed.
+func (s *Source) poll() {
+	st, err := stamp(s.cfg.Path)
+	if err != nil {
+		s.readFailed(err)
+		return
+	}
+	if s.published {
+		if st == s.applied {
+			return
+		}
+		if st != s.candidate {
+			// Wait one interval: an editor or a copy may still be writing.
+			s.candidate = st
+			return
+		}
+	}
+	data, err := os.ReadFile(s.cfg.Path)
+	if err != nil {
+		s.readFailed(err)
+		return
+	}
+	if st2, err := stamp(s.cfg.Path); err != nil || st2 != st {
+		s.candidate = st2 // changed while we read; try again next time
+		return
+	}
+	s.lastErr = ""
+	s.applied, s.candidate = st, st
+	sum := sha256.Sum256(data)
+	if s.published && sum == s.sum {
+		return // touched, not changed
+	}
+	start := time.Now()
+	model, ok := s.build(data)
+	if !ok {
+		return
+	}
+	s.sum = sum
+	s.publish(model)
+	s.published = true
+	s.cfg.Metrics.ObserveSync(start, time.Now(), nil)
+	s.log.Info("filesource: loaded", "file", s.cfg.Path, "servicePorts", len(model.Ports))
+}
+
+// readFailed logs a read error once until the file reads again. The
+// published Model stays: a missing or unreadable file is no reason to stop
+// forwarding.
+func (s *Source) readFailed(err error) {
+	if msg := err.Error(); msg != s.lastErr {
+		s.lastErr = msg
+		s.log.Warn("filesource: cannot read the services file; keeping the current model", "file", s.cfg.Path, "err", err)
+	}
+}
+
+// build parses data and builds its Model. It returns false when no
+// document was usable although some were present: a file broken as a
+// whole (a bad merge, the wrong file) should not wipe every service.
+func (s *Source) build(data []byte) (*service.Model, bool) {
+	objs, problems := Parse(data)
+	for _, p := range problems {
+		s.log.Warn("filesource: document skipped", "file", s.cfg.Path, "document", p.Document, "item", p.Item,
+			"line", p.Line, "err", p.Err)
+	}
+	if len(objs.Services) == 0 && len(objs.EndpointSlices) == 0 && len(problems) > 0 {
+		s.log.Error("filesource: no usable document; keeping the current model", "file", s.cfg.Path)
+		return nil, false
+	}
+	// A fresh converter per load: problems are logged again for each
+	// version of the file, which is when someone is looking.
+	conv := k8sconv.NewConverter(k8sconv.Options{ProxyName: s.cfg.ProxyName, Logger: s.log})
+	b := k8sconv.NewBuilder()
+	seenServices := make(map[types.NamespacedName]bool)
+	for _, svc := range objs.Services {
+		key := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
+		if seenServices[key] {
+			s.log.Warn("filesource: Service given twice; the later one wins", "file", s.cfg.Path, "service", key.String())
+		}
+		seenServices[key] = true
+		b.SetService(key, conv.Service(svc))
+	}
+	seenSlices := make(map[k8sconv.SliceKey]bool)
+	for _, es := range objs.EndpointSlices {
+		key := k8sconv.SliceKey{Namespace: es.Namespace, Name: es.Name}
+		if seenSlices[key] {
+			s.log.Warn("filesource: EndpointSlice given twice; the later one wins", "file", s.cfg.Path,
+				"endpointSlice", key.Namespace+"/"+key.Name)
+		}
+		seenSlices[key] = true
+		b.SetSlice(key, conv.EndpointSlice(es))
+	}
+	return b.Model(s.cfg.Node), true
+}
