@@ -222,6 +222,16 @@ func (e *Engine) Publish(t *service.Table) error {
 	if err := e.programXDP(t); err != nil {
 		return err
 	}
+	// Ask for the endpoints' neighbours now, so that the first packet of a
+	// flow does not find its next hop unresolved (a lone UDP datagram
+	// would be lost).
+	seen := map[packet.Addr]bool{}
+	for _, k := range t.BackendKeys() {
+		if !seen[k.Addr] {
+			seen[k.Addr] = true
+			e.routes.Lookup(k.Addr)
+		}
+	}
 	if old != nil {
 		for _, k := range old.BackendKeys() {
 			if k.Proto != packet.ProtoTCP && !t.IsBackend(k.Proto, k.Addr, k.Port) {

@@ -3,6 +3,7 @@ package pktgen
 import (
 	"net"
 	"net/netip"
+	"time"
 	"testing"
 
 	"github.com/google/gopacket"
@@ -153,5 +154,39 @@ func BenchmarkWrite(b *testing.B) {
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
 		tpl.Write(buf, uint64(i))
+	}
+}
+
+func TestPacerKeepsRateInBatches(t *testing.T) {
+	p := newPacer(100_000, 10) // one batch every 100us
+	if n, w := p.due(50 * time.Microsecond); n != 0 || w != 50*time.Microsecond {
+		t.Fatalf("at 50us: due %d wait %v, want 0 and 50us", n, w)
+	}
+	n, _ := p.due(100 * time.Microsecond)
+	if n != 10 {
+		t.Fatalf("at 100us: due %d, want a batch of 10", n)
+	}
+	p.took(n)
+	// 300us late: 30 owed, under the 40 allowed, so all are due.
+	if n, _ := p.due(400 * time.Microsecond); n != 30 {
+		t.Fatalf("at 400us: due %d, want 30", n)
+	}
+	// Far behind: the debt is forgiven down to one batch and counted.
+	if n, _ := p.due(10 * time.Millisecond); n != 10 || p.late != 1 {
+		t.Fatalf("at 10ms: due %d late %d, want 10 and 1", n, p.late)
+	}
+	if n, _ := newPacer(0, 64).due(0); n == 0 {
+		t.Fatal("unpaced sender got nothing due")
+	}
+}
+
+func TestBatchFor(t *testing.T) {
+	for _, c := range []struct {
+		rate float64
+		want int
+	}{{0, 64}, {10_000, 8}, {300_000, 30}, {5e6, 64}} {
+		if got := batchFor(c.rate); got != c.want {
+			t.Errorf("batchFor(%v) = %d, want %d", c.rate, got, c.want)
+		}
 	}
 }

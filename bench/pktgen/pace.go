@@ -35,12 +35,15 @@ func (r *Result) finish(elapsed time.Duration) {
 	}
 }
 
-// pacer spreads packets evenly: due says how many may go now. When the
-// sender falls far behind (the thread was descheduled), the debt is
-// forgiven instead of sent as one burst, because a burst would overflow
-// the receiver's ring and be blamed on the path under test.
+// pacer spreads packets evenly, a batch at a time: due says how many may
+// go now, and nothing is due until a whole batch is, because one kick per
+// frame would cost more than the frame. When the sender falls far behind
+// (the thread was descheduled), the debt is forgiven instead of sent as
+// one burst, because a burst would overflow the receiver's ring and be
+// blamed on the path under test.
 type pacer struct {
 	rate   float64
+	batch  uint64
 	start  time.Time
 	sent   uint64 // packets the schedule has accounted for
 	maxOwe uint64
@@ -48,25 +51,25 @@ type pacer struct {
 }
 
 func newPacer(rate float64, batch int) *pacer {
-	return &pacer{rate: rate, start: time.Now(), maxOwe: uint64(4 * batch)}
+	return &pacer{rate: rate, batch: uint64(batch), start: time.Now(), maxOwe: uint64(4 * batch)}
 }
 
-// due returns how many packets are due at now (elapsed since start), and
-// how long to wait when none is.
+// due returns how many packets are due at elapsed (time since start), or
+// how long to wait for the next batch when fewer than a batch are.
 func (p *pacer) due(elapsed time.Duration) (uint64, time.Duration) {
 	if p.rate <= 0 {
 		return ^uint64(0), 0
 	}
 	should := uint64(elapsed.Seconds() * p.rate)
-	if should <= p.sent {
-		next := time.Duration(float64(p.sent+1) / p.rate * 1e9)
+	if should < p.sent+p.batch {
+		next := time.Duration(float64(p.sent+p.batch) / p.rate * 1e9)
 		return 0, next - elapsed
 	}
 	owe := should - p.sent
 	if owe > p.maxOwe {
 		p.late++
-		p.sent = should - p.maxOwe/2
-		owe = p.maxOwe / 2
+		p.sent = should - p.batch
+		owe = p.batch
 	}
 	return owe, 0
 }

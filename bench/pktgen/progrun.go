@@ -122,8 +122,9 @@ func (s *ProgRunSender) runs() (uint64, error) {
 	return n, nil
 }
 
-// Send runs the program in chunks: about 10ms worth of packets per
-// BPF_PROG_RUN call when paced (each call sends its chunk at full speed,
+// Send runs the program in chunks: 100ms worth of packets per
+// BPF_PROG_RUN call when paced (a call has a fixed setup cost of several
+// milliseconds, so shorter chunks cannot reach high rates) (each call sends its chunk at full speed,
 // then the sender sleeps to the schedule), 1M per call otherwise. Sent is
 // read from the program's own counter.
 func (s *ProgRunSender) Send(b Budget, stop <-chan struct{}) (Result, error) {
@@ -137,7 +138,7 @@ func (s *ProgRunSender) Send(b Budget, stop <-chan struct{}) (Result, error) {
 	}
 	chunk := uint64(1 << 20)
 	if b.Rate > 0 {
-		chunk = max(64, uint64(b.Rate/100))
+		chunk = max(64, uint64(b.Rate/10))
 	}
 	start := time.Now()
 	var planned uint64

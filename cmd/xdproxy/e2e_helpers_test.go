@@ -127,7 +127,8 @@ type agent struct {
 	admin    string
 	cmd      *exec.Cmd
 	log      *bytes.Buffer
-	exited   chan error
+	exited   chan struct{} // closed when the process has exited
+	exitErr  error
 }
 
 type agentOptions struct {
@@ -205,13 +206,13 @@ func (a *agent) start() {
 	if err := a.cmd.Start(); err != nil {
 		a.t.Fatal(err)
 	}
-	a.exited = make(chan error, 1)
-	go func(c *exec.Cmd, ch chan error) { ch <- c.Wait() }(a.cmd, a.exited)
+	a.exited = make(chan struct{})
+	go func(c *exec.Cmd, ch chan struct{}) { a.exitErr = c.Wait(); close(ch) }(a.cmd, a.exited)
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
 		select {
-		case err := <-a.exited:
-			a.t.Fatalf("xdproxy exited: %v\n%s", err, a.log)
+		case <-a.exited:
+			a.t.Fatalf("xdproxy exited: %v\n%s", a.exitErr, a.log)
 		default:
 		}
 		var st struct {
@@ -237,9 +238,9 @@ func (a *agent) stop() {
 	}
 	_ = a.cmd.Process.Signal(syscall.SIGTERM)
 	select {
-	case err := <-a.exited:
-		if err != nil {
-			a.t.Errorf("xdproxy exited with %v after SIGTERM\n%s", err, a.log)
+	case <-a.exited:
+		if a.exitErr != nil {
+			a.t.Errorf("xdproxy exited with %v after SIGTERM\n%s", a.exitErr, a.log)
 		}
 	case <-time.After(10 * time.Second):
 		_ = a.cmd.Process.Kill()

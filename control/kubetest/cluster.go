@@ -43,8 +43,9 @@ type Options struct {
 	Authorization AuthorizationMode
 	// ServiceCIDR is --service-cluster-ip-range; it defaults to DefaultServiceCIDR.
 	ServiceCIDR netip.Prefix
-	// APIServerArgs are appended to kube-apiserver's command line, so they
-	// override the defaults (the last occurrence of a flag wins).
+	// APIServerArgs are appended to kube-apiserver's command line: a scalar
+	// flag given here overrides the default, a list flag (such as
+	// --disable-admission-plugins) adds to it.
 	APIServerArgs []string
 	// StartTimeout bounds how long each process may take to become ready;
 	// it defaults to one minute.
