@@ -28,6 +28,9 @@ type Config struct {
 	// ProxyName is the service-proxy-name label value we serve
 	// (k8sconv.DefaultProxyName when empty).
 	ProxyName string
+	// DefaultScheduler applies to services without the
+	// xdproxy.io/scheduler annotation (zero: service.Random).
+	DefaultScheduler service.Scheduler
 	// PollInterval is how often the file is checked (DefaultPollInterval
 	// when zero). A change is applied once the file has stayed the same
 	// for one interval, so a half-written file is not loaded.
@@ -178,7 +181,7 @@ func (s *Source) build(data []byte) (*service.Model, bool) {
 	}
 	// A fresh converter per load: problems are logged again for each
 	// version of the file, which is when someone is looking.
-	conv := k8sconv.NewConverter(k8sconv.Options{ProxyName: s.cfg.ProxyName, Logger: s.log})
+	conv := k8sconv.NewConverter(k8sconv.Options{ProxyName: s.cfg.ProxyName, DefaultScheduler: s.cfg.DefaultScheduler, Logger: s.log})
 	b := k8sconv.NewBuilder()
 	seenServices := make(map[types.NamespacedName]bool)
 	for _, svc := range objs.Services {

@@ -42,6 +42,10 @@ type Options struct {
 	// ProxyName is the service-proxy-name label value xdproxy accepts;
 	// DefaultProxyName when empty.
 	ProxyName string
+	// DefaultScheduler is the scheduler of a service without the
+	// xdproxy.io/scheduler annotation (the zero value is service.Random,
+	// kube-proxy's behaviour).
+	DefaultScheduler service.Scheduler
 	// Logger receives one line per unusable object and resourceVersion;
 	// slog.Default() when nil.
 	Logger *slog.Logger
@@ -50,8 +54,9 @@ type Options struct {
 // Converter converts Services and EndpointSlices. It is safe for concurrent
 // use; its only state is the record of what it has already logged.
 type Converter struct {
-	proxyName string
-	log       *slog.Logger
+	proxyName        string
+	defaultScheduler service.Scheduler
+	log              *slog.Logger
 
 	mu       sync.Mutex
 	reported map[objectRef]string // object -> resourceVersion and problems last logged
@@ -66,9 +71,10 @@ type objectRef struct {
 // NewConverter returns a Converter with opts applied.
 func NewConverter(opts Options) *Converter {
 	c := &Converter{
-		proxyName: opts.ProxyName,
-		log:       opts.Logger,
-		reported:  make(map[objectRef]string),
+		proxyName:        opts.ProxyName,
+		defaultScheduler: opts.DefaultScheduler,
+		log:              opts.Logger,
+		reported:         make(map[objectRef]string),
 	}
 	if c.proxyName == "" {
 		c.proxyName = DefaultProxyName
@@ -233,16 +239,18 @@ func (c *Converter) convertService(svc *v1.Service, p *problems) *Service {
 		}
 	}
 
-	scheduler := service.Random
+	scheduler := c.defaultScheduler
 	if s, ok := svc.Annotations[AnnotationScheduler]; ok {
 		switch strings.ToLower(strings.TrimSpace(s)) {
-		case "random", "":
+		case "":
+		case "random":
+			scheduler = service.Random
 		case "roundrobin":
 			scheduler = service.RoundRobin
 		case "maglev":
 			scheduler = service.Maglev
 		default:
-			p.warn("annotation %s: unknown scheduler %q; using random", AnnotationScheduler, s)
+			p.warn("annotation %s: unknown scheduler %q; using %v", AnnotationScheduler, s, scheduler)
 		}
 	}
 

@@ -27,6 +27,7 @@ func TestServiceConversion(t *testing.T) {
 	testCases := []struct {
 		name      string
 		proxyName string
+		scheduler service.Scheduler // Options.DefaultScheduler
 		svc       *v1.Service
 		want      []service.ServicePort // nil: skipped
 		wantLog   string                // substring of the one log line; "" means none
@@ -281,6 +282,24 @@ func TestServiceConversion(t *testing.T) {
 			wantLog: `unknown scheduler \"fastest\"`,
 		},
 		{
+			name:      "configured default scheduler applies without the annotation",
+			scheduler: service.Maglev,
+			svc:       makeService("ns1", "a"),
+			want: []service.ServicePort{func() service.ServicePort {
+				p := basePort("ns1", "a")
+				p.Scheduler = service.Maglev
+				return p
+			}()},
+		},
+		{
+			name:      "annotation random overrides the configured default",
+			scheduler: service.Maglev,
+			svc: makeService("ns1", "a", func(s *v1.Service) {
+				s.Annotations = map[string]string{AnnotationScheduler: "random"}
+			}),
+			want: []service.ServicePort{basePort("ns1", "a")},
+		},
+		{
 			name: "SCTP port is dropped and logged; the TCP port stays",
 			svc: makeService("ns1", "a", func(s *v1.Service) {
 				s.Spec.Ports = append(s.Spec.Ports, v1.ServicePort{Name: "s", Port: 9, Protocol: v1.ProtocolSCTP})
@@ -316,7 +335,7 @@ func TestServiceConversion(t *testing.T) {
 	}
 	for _, tc := range testCases {
 		t.Run(tc.name, func(t *testing.T) {
-			c, logs := newTestConverter(t, Options{ProxyName: tc.proxyName})
+			c, logs := newTestConverter(t, Options{ProxyName: tc.proxyName, DefaultScheduler: tc.scheduler})
 			got := c.Service(tc.svc)
 			if tc.want == nil {
 				if got != nil {

@@ -27,7 +27,9 @@
 // prefixes of both families.
 //
 // The scheduler of a service is chosen with the annotation
-// xdproxy.io/scheduler: random (the default), roundrobin or maglev.
+// xdproxy.io/scheduler: random, roundrobin or maglev; without it the
+// service gets Options.DefaultScheduler (random unless configured, as in
+// kube-proxy). An unknown value is logged and the default used.
 //
 // TopologyAware is set when the service asks for it (trafficDistribution
 // PreferClose, PreferSameZone or PreferSameNode, or the annotation

@@ -65,7 +65,7 @@ func TestRealAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	slice := &discovery.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{Name: "web-1", Labels: map[string]string{discovery.LabelServiceName: "web"}},
+		ObjectMeta:  metav1.ObjectMeta{Name: "web-1", Labels: map[string]string{discovery.LabelServiceName: "web"}},
 		AddressType: discovery.AddressTypeIPv4,
 		Ports:       []discovery.EndpointPort{{Name: ptr("http"), Port: ptr[int32](8080)}},
 		Endpoints: []discovery.Endpoint{

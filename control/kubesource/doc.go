@@ -19,6 +19,10 @@
 //     informers retry and relist on their own, and a relist only changes
 //     objects that really changed.
 //
+// The credentials need list and watch on services, endpointslices
+// (discovery.k8s.io) and nodes, as kube-proxy's system:node-proxier role
+// grants. A Source runs once: call Run a single time.
+//
 // A Source needs only a kubeconfig path (or in-cluster configuration), so an
 // integration test against a real API server constructs it exactly as the
 // daemon does.

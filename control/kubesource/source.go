@@ -68,6 +68,9 @@ type Config struct {
 	// ProxyName is the service-proxy-name label value we serve
 	// (k8sconv.DefaultProxyName when empty).
 	ProxyName string
+	// DefaultScheduler applies to services without the
+	// xdproxy.io/scheduler annotation (zero: service.Random).
+	DefaultScheduler service.Scheduler
 
 	// MinSyncPeriod and MaxSyncPeriod bound how often the model is rebuilt:
 	// at most once per MinSyncPeriod, and at least once per MaxSyncPeriod
@@ -185,7 +188,7 @@ func NewForClient(client kubernetes.Interface, cfg Config, publish func(*service
 	if s.clock == nil {
 		s.clock = runner.RealClock{}
 	}
-	s.conv = k8sconv.NewConverter(k8sconv.Options{ProxyName: cfg.ProxyName, Logger: s.log})
+	s.conv = k8sconv.NewConverter(k8sconv.Options{ProxyName: cfg.ProxyName, DefaultScheduler: cfg.DefaultScheduler, Logger: s.log})
 	s.runner = runner.New(s.sync, cfg.MinSyncPeriod, cfg.MaxSyncPeriod, s.clock)
 	s.node = s.nodeFrom(nil)
 	return s, nil
