@@ -26,12 +26,22 @@ const (
 	bpfCounterCNT_NO_SOCKET        bpfCounter = 2
 	bpfCounterCNT_PARSE_FAILED     bpfCounter = 3
 	bpfCounterCNT_MATCH_FRONTEND   bpfCounter = 4
-	bpfCounterCNT_MATCH_BACKEND    bpfCounter = 5
+	bpfCounterCNT_MATCH_FLOW       bpfCounter = 5
 	bpfCounterCNT_MATCH_SNAT       bpfCounter = 6
 	bpfCounterCNT_MATCH_FRAGMENT   bpfCounter = 7
 	bpfCounterCNT_MATCH_ICMP_ERROR bpfCounter = 8
 	bpfCounterCNT_MAX              bpfCounter = 9
 )
+
+type bpfFlowKey struct {
+	_     structs.HostLayout
+	Src   [16]uint8
+	Dst   [16]uint8
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
+}
 
 type bpfSnatRange struct {
 	_  structs.HostLayout
@@ -55,6 +65,7 @@ const (
 	bpfMapBackends    = "backends"
 	bpfMapConfig      = "config"
 	bpfMapCounters    = "counters"
+	bpfMapFlows       = "flows"
 	bpfMapFrontends   = "frontends"
 	bpfMapXsks        = "xsks"
 	bpfProgXdproxyXdp = "xdproxy_xdp"
@@ -113,6 +124,7 @@ type bpfMapSpecs struct {
 	Backends  *ebpf.MapSpec `ebpf:"backends"`
 	Config    *ebpf.MapSpec `ebpf:"config"`
 	Counters  *ebpf.MapSpec `ebpf:"counters"`
+	Flows     *ebpf.MapSpec `ebpf:"flows"`
 	Frontends *ebpf.MapSpec `ebpf:"frontends"`
 	Xsks      *ebpf.MapSpec `ebpf:"xsks"`
 }
@@ -147,6 +159,7 @@ type bpfMaps struct {
 	Backends  *ebpf.Map `ebpf:"backends"`
 	Config    *ebpf.Map `ebpf:"config"`
 	Counters  *ebpf.Map `ebpf:"counters"`
+	Flows     *ebpf.Map `ebpf:"flows"`
 	Frontends *ebpf.Map `ebpf:"frontends"`
 	Xsks      *ebpf.Map `ebpf:"xsks"`
 }
@@ -157,6 +170,7 @@ func (m *bpfMaps) Close() error {
 		m.Backends,
 		m.Config,
 		m.Counters,
+		m.Flows,
 		m.Frontends,
 		m.Xsks,
 	)

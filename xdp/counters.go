@@ -13,7 +13,7 @@ type Counters struct {
 	ParseFailed uint64 // headers cut short or malformed: passed
 
 	MatchFrontend  uint64 // destination is a frontend
-	MatchBackend   uint64 // source is a backend (a reply)
+	MatchFlow      uint64 // exactly a reply xdproxy expects (see FlowWriter)
 	MatchSNAT      uint64 // to a node address and SNAT port (a reply)
 	MatchFragment  uint64 // non-first fragment to a VIP or from a backend
 	MatchICMPError uint64 // ICMP error quoting one of xdproxy's packets
@@ -28,7 +28,7 @@ func (o *Objects) Counters() (Counters, error) {
 		bpfCounterCNT_NO_SOCKET:        &c.NoSocket,
 		bpfCounterCNT_PARSE_FAILED:     &c.ParseFailed,
 		bpfCounterCNT_MATCH_FRONTEND:   &c.MatchFrontend,
-		bpfCounterCNT_MATCH_BACKEND:    &c.MatchBackend,
+		bpfCounterCNT_MATCH_FLOW:       &c.MatchFlow,
 		bpfCounterCNT_MATCH_SNAT:       &c.MatchSNAT,
 		bpfCounterCNT_MATCH_FRAGMENT:   &c.MatchFragment,
 		bpfCounterCNT_MATCH_ICMP_ERROR: &c.MatchICMPError,

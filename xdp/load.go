@@ -18,6 +18,7 @@ const (
 	DefaultMaxFrontends = 65536
 	DefaultMaxBackends  = 65536
 	DefaultMaxAddrs     = 4096
+	DefaultMaxFlows     = 262144
 )
 
 // Options size the shared tables; zero fields take the defaults. Every
@@ -26,6 +27,9 @@ type Options struct {
 	MaxFrontends int
 	MaxBackends  int
 	MaxAddrs     int
+	// MaxFlows bounds the replies the program recognises at once (see
+	// FlowWriter); past it the least recently used flow is evicted.
+	MaxFlows int
 }
 
 func (o Options) withDefaults() Options {
@@ -38,6 +42,9 @@ func (o Options) withDefaults() Options {
 	if o.MaxAddrs == 0 {
 		o.MaxAddrs = DefaultMaxAddrs
 	}
+	if o.MaxFlows == 0 {
+		o.MaxFlows = DefaultMaxFlows
+	}
 	return o
 }
 
@@ -47,7 +54,7 @@ type Objects struct {
 	spec  *ebpf.CollectionSpec // sized; Attach loads programs from it
 	cache *btf.Cache
 
-	frontends, backends, addrs, config, counters *ebpf.Map
+	frontends, backends, flows, addrs, config, counters *ebpf.Map
 
 	mu    sync.Mutex  // serialises SetTables
 	state *tableState // nil: read the maps back before the next sync
@@ -58,7 +65,7 @@ type Objects struct {
 // first Attach.
 func Load(opts Options) (*Objects, error) {
 	opts = opts.withDefaults()
-	for _, n := range []int{opts.MaxFrontends, opts.MaxBackends, opts.MaxAddrs} {
+	for _, n := range []int{opts.MaxFrontends, opts.MaxBackends, opts.MaxAddrs, opts.MaxFlows} {
 		if n < 1 || n > 1<<24 {
 			return nil, fmt.Errorf("xdp: table size %d out of range 1..%d", n, 1<<24)
 		}
@@ -70,11 +77,13 @@ func Load(opts Options) (*Objects, error) {
 	spec.Maps[bpfMapFrontends].MaxEntries = uint32(opts.MaxFrontends)
 	spec.Maps[bpfMapBackends].MaxEntries = uint32(opts.MaxBackends)
 	spec.Maps[bpfMapAddrs].MaxEntries = uint32(opts.MaxAddrs)
+	spec.Maps[bpfMapFlows].MaxEntries = uint32(opts.MaxFlows)
 
 	o := &Objects{opts: opts, spec: spec, cache: btf.NewCache()}
 	for name, m := range map[string]**ebpf.Map{
 		bpfMapFrontends: &o.frontends,
 		bpfMapBackends:  &o.backends,
+		bpfMapFlows:     &o.flows,
 		bpfMapAddrs:     &o.addrs,
 		bpfMapConfig:    &o.config,
 		bpfMapCounters:  &o.counters,
@@ -104,7 +113,7 @@ func Load(opts Options) (*Objects, error) {
 // references, so Close every Attachment first.
 func (o *Objects) Close() error {
 	var errs []error
-	for _, m := range []*ebpf.Map{o.frontends, o.backends, o.addrs, o.config, o.counters} {
+	for _, m := range []*ebpf.Map{o.frontends, o.backends, o.flows, o.addrs, o.config, o.counters} {
 		if m != nil {
 			errs = append(errs, m.Close())
 		}
@@ -127,6 +136,7 @@ func (o *Objects) newInstance(queues int) (*instance, error) {
 		MapReplacements: map[string]*ebpf.Map{
 			bpfMapFrontends: o.frontends,
 			bpfMapBackends:  o.backends,
+			bpfMapFlows:     o.flows,
 			bpfMapAddrs:     o.addrs,
 			bpfMapConfig:    o.config,
 			bpfMapCounters:  o.counters,

@@ -35,6 +35,7 @@ typedef __u32 __be32;
 #define BPF_MAP_TYPE_HASH 1
 #define BPF_MAP_TYPE_ARRAY 2
 #define BPF_MAP_TYPE_PERCPU_ARRAY 6
+#define BPF_MAP_TYPE_LRU_HASH 9
 #define BPF_MAP_TYPE_XSKMAP 17
 
 /* XDP verdicts (enum xdp_action). */

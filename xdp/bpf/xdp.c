@@ -14,7 +14,14 @@
  *   frontends  HASH, svc_key (dst addr, dst port, proto) of every frontend:
  *              cluster IPs, external and load-balancer IPs, NodePorts.
  *   backends   HASH, svc_key (addr, port, proto) of every endpoint xdproxy
- *              forwards to; a frame *from* one is a reply to reverse-NAT.
+ *              forwards to; an ICMP error about a packet to one is ours.
+ *   flows      LRU_HASH, flow_key (src, dst, src port, dst port, proto) of
+ *              every reply xdproxy expects, as it arrives: xdproxy's workers
+ *              add one for each connection they open. A frame from an
+ *              endpoint that is not a reply to xdproxy (a client talking to
+ *              a pod directly) is in no entry, and goes to the kernel. LRU:
+ *              a full table evicts the least recently used flow, whose
+ *              replies then reach the kernel until xdproxy writes it again.
  *   addrs      HASH, addr -> ADDR_* flags: NODE (a source address of our
  *              SNAT), VIP (an address frontends listen on), BACKEND (an
  *              endpoint's address).
@@ -34,7 +41,7 @@
  *      sent or forwarded: inner dst in backends, inner dst or src in
  *      frontends, inner src NODE with its port in the SNAT range -> redirect
  *   5. (dst, dst port, proto) in frontends             -> redirect
- *   6. (src, src port, proto) in backends              -> redirect
+ *   6. (src, dst, src port, dst port, proto) in flows  -> redirect
  *   7. dst is NODE and dst port in the SNAT range, and
  *      not an ICMP echo request                        -> redirect
  *   8. anything else                                   -> pass
@@ -67,6 +74,16 @@ struct addr_key {
 	__u8 addr[16];
 };
 
+/* One direction of a flow, exactly; for ICMP echo both ports are the id. */
+struct flow_key {
+	__u8 src[16];
+	__u8 dst[16];
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 pad[3]; /* always zero */
+};
+
 /* Inclusive SNAT source port range; lo == 0 means xdproxy does no SNAT. */
 struct snat_range {
 	__u16 lo;
@@ -88,7 +105,7 @@ enum counter {
 	CNT_NO_SOCKET,
 	CNT_PARSE_FAILED,
 	CNT_MATCH_FRONTEND,
-	CNT_MATCH_BACKEND,
+	CNT_MATCH_FLOW,
 	CNT_MATCH_SNAT,
 	CNT_MATCH_FRAGMENT,
 	CNT_MATCH_ICMP_ERROR,
@@ -115,6 +132,13 @@ struct {
 	__type(key, struct svc_key);
 	__type(value, __u8);
 } backends SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 1);
+	__type(key, struct flow_key);
+	__type(value, __u8);
+} flows SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -411,6 +435,22 @@ static __always_inline int in_map(void *map, const struct svc_key *k)
 	return bpf_map_lookup_elem(map, k) != 0;
 }
 
+/* is_expected_reply reports whether f is exactly a reply xdproxy waits for.
+ * The lookup also marks the entry recently used, so live flows outlast idle
+ * ones when the table is full. */
+static __always_inline int is_expected_reply(const struct flow *f)
+{
+	struct flow_key k;
+
+	__builtin_memset(&k, 0, sizeof(k));
+	__builtin_memcpy(k.src, f->src.addr, 16);
+	__builtin_memcpy(k.dst, f->dst.addr, 16);
+	k.sport = f->src.port;
+	k.dport = f->dst.port;
+	k.proto = f->src.proto;
+	return bpf_map_lookup_elem(&flows, &k) != 0;
+}
+
 /* quote_is_ours parses the packet an ICMP error quotes, at pos, and reports
  * whether xdproxy sent or forwarded it. Only eight bytes of its L4 header
  * are guaranteed to be quoted, enough for ports and an echo id. */
@@ -509,8 +549,8 @@ int xdproxy_xdp(struct xdp_md *ctx)
 
 	if (in_map(&frontends, &f.dst))
 		return redirect(ctx, CNT_MATCH_FRONTEND);
-	if (in_map(&backends, &f.src))
-		return redirect(ctx, CNT_MATCH_BACKEND);
+	if (is_expected_reply(&f))
+		return redirect(ctx, CNT_MATCH_FLOW);
 	/* The identifier of an echo request is the sender's choice: only a
 	 * reply can be for one of our SNAT ids. */
 	if (!f.echo_request && (addr_flags(f.dst.addr) & ADDR_NODE) &&

@@ -1,0 +1,338 @@
+package runner
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/xdproxy/xdproxy/bench/cpuacct"
+	"github.com/xdproxy/xdproxy/bench/kernelrules"
+	"github.com/xdproxy/xdproxy/bench/pktgen"
+	"github.com/xdproxy/xdproxy/bench/report"
+	"github.com/xdproxy/xdproxy/bench/search"
+	"github.com/xdproxy/xdproxy/bench/sink"
+	"github.com/xdproxy/xdproxy/bench/topo"
+	"github.com/xdproxy/xdproxy/dataplane/testbed"
+)
+
+// env is one variant's live setup: its topology, the programmed path, the
+// sink and the probe of the forwarding threads.
+type env struct {
+	cfg     *Config
+	t       *topo.Topology
+	sink    *sink.Sink
+	probe   cpuacct.Probe
+	proc    *exec.Cmd // xdproxy's dataplane process, if any
+	setup   time.Duration
+	dst     netip.Addr
+	dsts    int
+	dport   uint16
+	closers []func() error
+}
+
+func (e *env) close() error {
+	var errs []error
+	if e.proc != nil && e.proc.Process != nil {
+		_ = e.proc.Process.Signal(syscall.SIGTERM)
+		done := make(chan error, 1)
+		go func() { done <- e.proc.Wait() }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			_ = e.proc.Process.Kill()
+			<-done
+		}
+	}
+	for i := len(e.closers) - 1; i >= 0; i-- {
+		errs = append(errs, e.closers[i]())
+	}
+	if e.sink != nil {
+		errs = append(errs, e.sink.Close())
+	}
+	if e.t != nil {
+		errs = append(errs, e.t.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// attachSink puts the counter on iface in ns, with threaded NAPI pinned to
+// cpu, and returns the NAPI thread PIDs.
+func (e *env) attachSink(ns, iface string, cpu int) ([]int, error) {
+	err := testbed.DoIn(ns, func() error {
+		l, err := netlink.LinkByName(iface)
+		if err != nil {
+			return err
+		}
+		e.sink, err = sink.Attach(l.Attrs().Index, sink.Native)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return e.threaded(ns, iface, cpu)
+}
+
+// threaded turns threaded NAPI on for iface and pins its kthreads to cpu.
+func (e *env) threaded(ns, iface string, cpu int) ([]int, error) {
+	if err := e.t.SetThreaded(ns, iface, true); err != nil {
+		return nil, err
+	}
+	return e.t.PinNAPI(ns, iface, cpu)
+}
+
+// newEnv builds the topology and programs path. For paths with services
+// the generator's destinations are spread over min(flows, services,
+// 65536) cluster IPs; a single flow goes to the last service.
+func newEnv(cfg *Config, path string, services, flows int, proto kernelrules.Proto) (e *env, err error) {
+	e = &env{cfg: cfg}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, e.close())
+			e = nil
+		}
+	}()
+	if e.t, err = topo.New(topo.Options{}); err != nil {
+		return nil, err
+	}
+	gen, fwd := cfg.Plan.GenCPU, cfg.Plan.ForwardCPU
+	// Frames of the generator's interface must qualify for the peer's
+	// NAPI (GRO) path: a veth with TSO on sends through the sender's
+	// backlog instead. An XDP program on the peer turns it off anyway.
+	if err := e.t.SetOffload(e.t.Gen, topo.GenIface, "tso", false); err != nil {
+		return nil, err
+	}
+	if err := e.t.SetOffload(e.t.Sink, topo.SinkIface, "tso", false); err != nil {
+		return nil, err
+	}
+	set := Services(max(services, 1), proto)
+	e.dst, e.dsts, e.dport = topo.SinkAddrs[0], 1, UDPEndpointPort
+	if proto == kernelrules.TCP {
+		e.dport = TCPEndpointPort
+	}
+	if services > 0 {
+		if flows == 1 {
+			e.dst, e.dport = set.VIP(services-1), set.Port(services-1)
+		} else {
+			e.dst, e.dsts, e.dport = set.VIP(0), min(flows, services, 65536), set.Port(0)
+		}
+	}
+	var fwdThreads []int
+	start := time.Now()
+	switch path {
+	case report.PathLimit:
+		e.dst = topo.NodeInAddr
+		if fwdThreads, err = e.attachSink(e.t.Node, topo.NodeInIface, fwd); err != nil {
+			return nil, err
+		}
+	case report.PathKernel, report.PathIPTables, report.PathNFTables:
+		switch path {
+		case report.PathIPTables:
+			var buf bytes.Buffer
+			if err := set.WriteIPTables(&buf); err != nil {
+				return nil, err
+			}
+			if err := e.t.ExecInput(e.t.Node, buf.Bytes(), cfg.IPTablesRestore); err != nil {
+				return nil, err
+			}
+		case report.PathNFTables:
+			var buf bytes.Buffer
+			if err := set.WriteNFT(&buf); err != nil {
+				return nil, err
+			}
+			if err := e.t.ExecInput(e.t.Node, buf.Bytes(), "nft", "-f", "-"); err != nil {
+				return nil, err
+			}
+		}
+		e.setup = time.Since(start)
+		// GRO gives the node's veths NAPI instances, which threaded
+		// NAPI then runs on the forwarding CPU: all forwarding work
+		// happens in those kthreads.
+		for _, ifc := range []string{topo.NodeInIface, topo.NodeOutIface} {
+			if err := e.t.SetOffload(e.t.Node, ifc, "gro", true); err != nil {
+				return nil, err
+			}
+			th, err := e.threaded(e.t.Node, ifc, fwd)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", ifc, err)
+			}
+			fwdThreads = append(fwdThreads, th...)
+		}
+	case report.PathXDProxy:
+		if err := e.startXDProxy(services, proto, flows); err != nil {
+			return nil, err
+		}
+		e.setup = time.Since(start)
+		for _, ifc := range []string{topo.NodeInIface, topo.NodeOutIface} {
+			th, err := e.threaded(e.t.Node, ifc, fwd)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", ifc, err)
+			}
+			fwdThreads = append(fwdThreads, th...)
+		}
+		e.probe.Processes = []int{e.proc.Process.Pid}
+	default:
+		return nil, fmt.Errorf("runner: unknown path %q", path)
+	}
+	e.probe.Threads = fwdThreads
+	if path != report.PathLimit && proto == kernelrules.UDP {
+		if _, err := e.attachSink(e.t.Sink, topo.SinkIface, gen); err != nil {
+			return nil, err
+		}
+	}
+	if proto == kernelrules.TCP {
+		// Frames the node sends to the client and the server go through
+		// their backlog; steer that to the generator CPU.
+		if err := e.t.SetRPS(e.t.Gen, topo.GenIface, gen); err != nil {
+			return nil, err
+		}
+		if err := e.t.SetRPS(e.t.Sink, topo.SinkIface, gen); err != nil {
+			return nil, err
+		}
+	}
+	return e, nil
+}
+
+// startXDProxy starts the dataplane process in the node namespace and
+// waits for its table to be published.
+func (e *env) startXDProxy(services int, proto kernelrules.Proto, flows int) error {
+	args := []string{"netns", "exec", e.t.Node, e.cfg.Self, "dataplane",
+		"--services", strconv.Itoa(max(services, 1)), "--proto", string(proto), "--cpu", strconv.Itoa(e.cfg.Plan.ForwardCPU)}
+	if e.cfg.profileNext != "" {
+		args = append(args, "--cpuprofile", e.cfg.profileNext)
+		e.cfg.profileNext = ""
+	}
+	cmd := exec.Command("ip", args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	e.proc = cmd
+	ready := make(chan error, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if strings.HasPrefix(sc.Text(), ReadyLine) {
+				ready <- nil
+				_, _ = bufio.NewReader(out).WriteTo(discard{})
+				return
+			}
+		}
+		ready <- fmt.Errorf("xdproxy dataplane exited before it was ready: %s", strings.TrimSpace(stderr.String()))
+	}()
+	select {
+	case err := <-ready:
+		return err
+	case <-time.After(120 * time.Second):
+		return fmt.Errorf("xdproxy dataplane not ready after 120s: %s", stderr.String())
+	}
+}
+
+type discard struct{}
+
+func (discard) Write(b []byte) (int, error) { return len(b), nil }
+
+// pktgenOut is the generator's JSON output.
+type pktgenOut struct {
+	pktgen.Result
+}
+
+// measurement is one trial: the search point and the forwarding cost.
+type measurement struct {
+	point   search.Point
+	costNs  float64 // probe ns per received packet
+	cpuNs   float64 // forwarding CPU busy ns per received packet
+	genRes  pktgen.Result
+	recvPkt uint64
+}
+
+// send runs the generator once.
+func (e *env) send(mode string, rate float64, d time.Duration, count uint64, flows int) (pktgen.Result, error) {
+	args := []string{"netns", "exec", e.t.Gen, e.cfg.Pktgen, "--json", "--mode", mode,
+		"--dev", topo.GenIface, "--dst-mac", e.t.NodeInMAC.String(), "--cpu", strconv.Itoa(e.cfg.Plan.GenCPU),
+		"--src", topo.FlowSource.String(), "--dst", e.dst.String(), "--dsts", strconv.Itoa(e.dsts),
+		"--dport", strconv.Itoa(int(e.dport)), "--flows", strconv.Itoa(flows), "--size", strconv.Itoa(e.cfg.FrameSize),
+		"--rate", strconv.FormatFloat(rate, 'f', 0, 64), "--proto", "udp"}
+	if d > 0 {
+		args = append(args, "--duration", d.String())
+	}
+	if count > 0 {
+		args = append(args, "--count", strconv.FormatUint(count, 10))
+	}
+	cmd := exec.Command("ip", args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return pktgen.Result{}, fmt.Errorf("pktgen: %w: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	var res pktgenOut
+	if err := json.Unmarshal(out, &res); err != nil {
+		return pktgen.Result{}, fmt.Errorf("pktgen output %q: %w", out, err)
+	}
+	return res.Result, nil
+}
+
+// trial offers rate for d and measures loss and cost.
+func (e *env) trial(mode string, rate float64, d time.Duration, flows int) (measurement, error) {
+	var m measurement
+	s0, err := e.sink.Read()
+	if err != nil {
+		return m, err
+	}
+	p0, err := e.probe.Read()
+	if err != nil {
+		return m, err
+	}
+	c0, err := cpuacct.ReadCPU(e.cfg.Plan.ForwardCPU)
+	if err != nil {
+		return m, err
+	}
+	res, err := e.send(mode, rate, d, 0, flows)
+	if err != nil {
+		return m, err
+	}
+	time.Sleep(e.cfg.Settle)
+	s1, err := e.sink.Read()
+	if err != nil {
+		return m, err
+	}
+	p1, err := e.probe.Read()
+	if err != nil {
+		return m, err
+	}
+	c1, err := cpuacct.ReadCPU(e.cfg.Plan.ForwardCPU)
+	if err != nil {
+		return m, err
+	}
+	recv := s1.Sub(s0).Packets
+	secs := res.Elapsed.Seconds()
+	if secs <= 0 {
+		return m, fmt.Errorf("pktgen reported no elapsed time")
+	}
+	m.genRes, m.recvPkt = res, recv
+	m.point = search.Point{Offered: rate, Sent: float64(res.Sent) / secs, Received: float64(recv) / secs}
+	if rate == 0 {
+		m.point.Offered = m.point.Sent
+	}
+	if recv > 0 {
+		m.costNs = float64(p1-p0) / float64(recv)
+		m.cpuNs = float64(c1.Sub(c0).BusyTime()) / float64(recv)
+	}
+	return m, nil
+}

@@ -1,0 +1,175 @@
+package xdp
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/xdproxy/xdproxy/dataplane/packet"
+)
+
+// FlowKey is one direction of a flow exactly as a frame of it arrives: the
+// program redirects a frame whose tuple is in the flows table. It has the
+// fields of packet.Tuple, so FlowKey(t) converts one; as there, for ICMP
+// echo SrcPort and DstPort both hold the echo identifier.
+type FlowKey struct {
+	Src, Dst         packet.Addr
+	SrcPort, DstPort uint16
+	Proto            packet.Proto
+}
+
+func (k FlowKey) String() string {
+	return fmt.Sprintf("%v %v:%d->%v:%d", k.Proto, k.Src, k.SrcPort, k.Dst, k.DstPort)
+}
+
+// flowKey converts k to the map key layout: ports in network byte order,
+// pad bytes zero.
+func (k FlowKey) flowKey() bpfFlowKey {
+	return bpfFlowKey{
+		Src: k.Src, Dst: k.Dst,
+		Sport: networkOrder16(k.SrcPort), Dport: networkOrder16(k.DstPort),
+		Proto: uint8(k.Proto),
+	}
+}
+
+func (k bpfFlowKey) public() FlowKey {
+	return FlowKey{
+		Src: k.Src, Dst: k.Dst,
+		SrcPort: networkOrder16(k.Sport), DstPort: networkOrder16(k.Dport),
+		Proto: packet.Proto(k.Proto),
+	}
+}
+
+// FlowWriter buffers flows for the program to recognise and writes them
+// with one system call per Flush. A dataplane worker owns one: it Adds the
+// reply tuple of every connection it opens while it handles a batch of
+// frames and Flushes before it sends the batch, so that the first reply
+// finds its entry. A FlowWriter must not be shared between goroutines;
+// FlowWriters of different goroutines may Flush at the same time.
+type FlowWriter struct {
+	flows  *ebpf.Map
+	keys   []bpfFlowKey // len is the capacity; keys[:n] are buffered
+	values []uint8      // all present
+	n      int
+	// batch is cleared when the kernel has no batch operations (before
+	// 5.6); Flush then writes key by key.
+	batch bool
+}
+
+// NewFlowWriter returns a FlowWriter that buffers up to capacity flows.
+func (o *Objects) NewFlowWriter(capacity int) *FlowWriter {
+	capacity = max(capacity, 1)
+	w := &FlowWriter{
+		flows:  o.flows,
+		keys:   make([]bpfFlowKey, capacity),
+		values: make([]uint8, capacity),
+		batch:  true,
+	}
+	for i := range w.values {
+		w.values[i] = present
+	}
+	return w
+}
+
+// Add buffers k. It reports false, and buffers nothing, when the buffer is
+// full: Flush and Add again.
+func (w *FlowWriter) Add(k FlowKey) bool {
+	if w.n == len(w.keys) {
+		return false
+	}
+	w.keys[w.n] = k.flowKey()
+	w.n++
+	return true
+}
+
+// Len returns the number of flows buffered.
+func (w *FlowWriter) Len() int { return w.n }
+
+// Flush writes the buffered flows into the table and empties the buffer,
+// also when it fails: the flows of a failed Flush are not retried, and
+// their replies reach the kernel until they are added again.
+func (w *FlowWriter) Flush() error {
+	n := w.n
+	w.n = 0
+	if n == 0 {
+		return nil
+	}
+	keys, values := w.keys[:n], w.values[:n]
+	if w.batch {
+		_, err := w.flows.BatchUpdate(keys, values, nil)
+		if !errors.Is(err, ebpf.ErrNotSupported) {
+			if err != nil {
+				return fmt.Errorf("xdp: writing %d flows: %w", n, err)
+			}
+			return nil
+		}
+		w.batch = false
+	}
+	for i := range keys {
+		if err := w.flows.Put(&keys[i], &values[i]); err != nil {
+			return fmt.Errorf("xdp: writing flow %v: %w", keys[i].public(), err)
+		}
+	}
+	return nil
+}
+
+// DeleteFlows removes keys from the table; keys it does not hold are
+// skipped. Safe to call while FlowWriters flush.
+func (o *Objects) DeleteFlows(keys []FlowKey) error {
+	ks := make([]bpfFlowKey, len(keys))
+	for i, k := range keys {
+		ks[i] = k.flowKey()
+	}
+	if err := del(o.flows, ks); err != nil {
+		return fmt.Errorf("xdp: deleting flows: %w", err)
+	}
+	return nil
+}
+
+// flowChunk is how many flows ForEachFlow reads per system call. The
+// kernel hands over whole hash buckets, which hold a few entries each.
+const flowChunk = 1024
+
+// ForEachFlow calls fn for each flow in the table until fn returns false.
+// The table changes underneath (workers add flows, the LRU evicts): a flow
+// added or removed meanwhile may or may not be seen, and without batch
+// operations in the kernel one may be seen twice. fn may call DeleteFlows.
+func (o *Objects) ForEachFlow(fn func(FlowKey) bool) error {
+	keys := make([]bpfFlowKey, flowChunk)
+	values := make([]uint8, flowChunk)
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := o.flows.BatchLookup(&cursor, keys, values, nil)
+		if errors.Is(err, ebpf.ErrNotSupported) {
+			return o.iterateFlows(fn)
+		}
+		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("xdp: reading flows: %w", err)
+		}
+		for _, k := range keys[:n] {
+			if !fn(k.public()) {
+				return nil
+			}
+		}
+		if err != nil { // ErrKeyNotExist: that was the last chunk
+			return nil
+		}
+	}
+}
+
+// iterateFlows is ForEachFlow for kernels without batch operations.
+func (o *Objects) iterateFlows(fn func(FlowKey) bool) error {
+	var k bpfFlowKey
+	var v uint8
+	it := o.flows.Iterate()
+	for it.Next(&k, &v) {
+		if !fn(k.public()) {
+			return nil
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("xdp: reading flows: %w", err)
+	}
+	return nil
+}
