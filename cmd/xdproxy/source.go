@@ -34,7 +34,7 @@ func startSource(ctx context.Context, cfg *config.Config, reg *prometheus.Regist
 	src, err := kubesource.New(kubesource.Config{
 		Kubeconfig: k.Kubeconfig, QPS: k.QPS, Burst: k.Burst,
 		NodeName: cfg.NodeName, NodeZone: cfg.NodeZone, NodeAddresses: node.Addresses, NodePortAddresses: prefixes,
-		ProxyName: k.ProxyName, MinSyncPeriod: k.MinSyncPeriod.Duration, MaxSyncPeriod: k.MaxSyncPeriod.Duration,
+		ProxyName: k.ProxyName, DefaultScheduler: scheduler(cfg.Scheduler), MinSyncPeriod: k.MinSyncPeriod.Duration, MaxSyncPeriod: k.MaxSyncPeriod.Duration,
 		Logger: log, Metrics: m,
 	}, publish)
 	if err != nil {
@@ -50,8 +50,8 @@ func startSource(ctx context.Context, cfg *config.Config, reg *prometheus.Regist
 
 func startFileSource(ctx context.Context, cfg *config.Config, log *slog.Logger, node service.Node,
 	m *metrics.Metrics, publish func(*service.Model), errc chan<- error) error {
-	proxy := ""
-	src, err := filesource.New(filesource.Config{Path: cfg.Services.File, Node: node, ProxyName: proxy, Logger: log, Metrics: m}, publish)
+	src, err := filesource.New(filesource.Config{Path: cfg.Services.File, Node: node,
+		DefaultScheduler: scheduler(cfg.Scheduler), Logger: log, Metrics: m}, publish)
 	if err != nil {
 		return fmt.Errorf("services.file: %w", err)
 	}
@@ -61,4 +61,15 @@ func startFileSource(ctx context.Context, cfg *config.Config, log *slog.Logger, 
 		}
 	}()
 	return nil
+}
+
+// scheduler maps the config's scheduler name (validated) to the model's.
+func scheduler(name string) service.Scheduler {
+	switch name {
+	case "roundrobin":
+		return service.RoundRobin
+	case "maglev":
+		return service.Maglev
+	}
+	return service.Random
 }

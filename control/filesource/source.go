@@ -48,9 +48,12 @@ type Source struct {
 
 	// Owned by the goroutine that polls.
 	published bool
-	applied   fileStamp // the file as last read (used or not)
-	candidate fileStamp // a change seen, waiting to settle
-	sum       [sha256.Size]byte
+	read      bool              // applied is set
+	recheck   bool              // applied is too recent to trust; hash again
+	applied   fileStamp         // the file as last read (used or not)
+	candidate fileStamp         // a change seen, waiting to settle
+	sum       [sha256.Size]byte // of the content last processed (published or rejected)
+	processed bool
 	lastErr   string
 }
 
@@ -119,15 +122,14 @@ func (s *Source) poll() {
 		s.readFailed(err)
 		return
 	}
-	if s.published {
-		if st == s.applied {
-			return
-		}
-		if st != s.candidate {
-			// Wait one interval: an editor or a copy may still be writing.
-			s.candidate = st
-			return
-		}
+	if s.read && st == s.applied && !s.recheck {
+		return
+	}
+	if s.published && st != s.candidate {
+		// Wait one interval: an editor or a copy may still be writing.
+		// (Until something is published there is nothing to protect.)
+		s.candidate = st
+		return
 	}
 	data, err := os.ReadFile(s.cfg.Path)
 	if err != nil {
@@ -139,17 +141,21 @@ func (s *Source) poll() {
 		return
 	}
 	s.lastErr = ""
-	s.applied, s.candidate = st, st
+	s.applied, s.candidate, s.read = st, st, true
+	// File times are coarse (a clock tick): a write of the same size
+	// within the same tick would leave the stamp as it is. Until the stamp
+	// is safely in the past, compare contents again on the next poll.
+	s.recheck = time.Since(time.Unix(0, st.mtime)) < time.Second
 	sum := sha256.Sum256(data)
-	if s.published && sum == s.sum {
-		return // touched, not changed
+	if s.processed && sum == s.sum {
+		return // touched, or read again; not changed
 	}
+	s.sum, s.processed = sum, true
 	start := time.Now()
 	model, ok := s.build(data)
 	if !ok {
 		return
 	}
-	s.sum = sum
 	s.publish(model)
 	s.published = true
 	s.cfg.Metrics.ObserveSync(start, time.Now(), nil)

@@ -205,6 +205,14 @@ func TestMissingAtStartIsWaitedFor(t *testing.T) {
 	h := newFileHarness(t, "")
 	h.src.poll()
 	h.expectModels(0, "")
+	// Broken at start: reported once, not on every poll.
+	h.write("kind: [\n")
+	h.pollTwice()
+	h.pollTwice()
+	h.expectModels(0, "")
+	if n := strings.Count(h.logs.String(), "no usable document"); n != 1 {
+		t.Fatalf("broken file reported %d times, want once:\n%s", n, h.logs)
+	}
 	h.write(serviceA)
 	h.src.poll() // nothing published yet, so no need to wait
 	h.expectModels(1, "web/a:http=")
