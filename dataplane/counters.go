@@ -20,6 +20,9 @@ type Counters struct {
 	Batches    atomic.Uint64
 	ByReason   [packet.NumReasons]atomic.Uint64
 	TxFullDrop atomic.Uint64
+	// FlowPublishErrors counts batches whose reply tuples the XDP flow map
+	// refused; those replies reach the kernel instead of xdproxy.
+	FlowPublishErrors atomic.Uint64
 }
 
 // batchCounters is the per-batch local accumulator.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/vishvananda/netlink"
 
@@ -57,9 +58,10 @@ type Engine struct {
 	ifAddrs  map[int][]packet.Addr // IPv4 addresses of managed interfaces
 	nodeAddr []packet.Addr
 
-	publishMu sync.Mutex
-	wg        sync.WaitGroup
-	errs      chan error
+	publishMu     sync.Mutex
+	wg            sync.WaitGroup
+	errs          chan error
+	stopReconcile chan struct{}
 }
 
 // Start attaches to every interface and starts the workers. On error
@@ -92,7 +94,10 @@ func Start(cfg EngineConfig) (e *Engine, err error) {
 	if e.routes, err = route.New(route.Options{Interfaces: names, ErrorLog: func(err error) { e.log.Warn("route cache", "err", err) }}); err != nil {
 		return nil, fmt.Errorf("route cache: %w", err)
 	}
-	if e.objs, err = xdp.Load(xdp.Options{}); err != nil {
+	// The flow map holds one reply tuple per DNAT-only connection; size it
+	// like the connection table so that the kernel's LRU never evicts a
+	// live flow's entry.
+	if e.objs, err = xdp.Load(xdp.Options{MaxFlows: e.ct.Capacity()}); err != nil {
 		return nil, fmt.Errorf("loading the XDP program: %w", err)
 	}
 	for _, ic := range cfg.Interfaces {
@@ -117,10 +122,17 @@ func Start(cfg EngineConfig) (e *Engine, err error) {
 			if qi < len(ic.CPUs) {
 				cpu = ic.CPUs[qi]
 			}
-			w := NewWorker(WorkerConfig{CPU: cpu, BatchSize: cfg.BatchSize, BusyPoll: cfg.BusyPoll}, port, e.ports, proc, resolver)
+			flows := flowWriter{e.objs.NewFlowWriter(maxBatch)}
+			w := NewWorker(WorkerConfig{CPU: cpu, BatchSize: cfg.BatchSize, BusyPoll: cfg.BusyPoll}, port, e.ports, proc, resolver, flows)
 			e.workers = append(e.workers, w)
 		}
 	}
+	e.stopReconcile = make(chan struct{})
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		e.reconcileFlows()
+	}()
 	for _, w := range e.workers {
 		e.wg.Add(1)
 		go func(w *Worker) {
@@ -274,6 +286,9 @@ func (e *Engine) Close() error {
 	for _, w := range e.workers {
 		w.Stop()
 	}
+	if e.stopReconcile != nil {
+		close(e.stopReconcile)
+	}
 	e.wg.Wait()
 	var errs []error
 	for _, a := range e.atts {
@@ -303,4 +318,50 @@ func (r routeResolver) Resolve(dst packet.Addr) (NextHop, packet.Reason) {
 		return NextHop{}, packet.DropNeighbor
 	}
 	return NextHop{}, packet.DropNoRoute
+}
+
+// flowWriter adapts xdp.FlowWriter to FlowPublisher.
+type flowWriter struct{ w *xdp.FlowWriter }
+
+func (f flowWriter) Add(t packet.Tuple) bool {
+	return f.w.Add(xdp.FlowKey(t))
+}
+
+func (f flowWriter) Flush() error { return f.w.Flush() }
+
+// reconcileInterval is how often the XDP flow map is compared with the
+// connection table.
+const reconcileInterval = 10 * time.Second
+
+// reconcileFlows deletes reply tuples from the XDP flow map whose flow the
+// connection table no longer has (expired, evicted, deleted), so that a
+// later direct connection with the same tuple reaches the kernel. The map
+// is an LRU, so a missed deletion costs memory, never correctness of live
+// flows.
+func (e *Engine) reconcileFlows() {
+	t := time.NewTicker(reconcileInterval)
+	defer t.Stop()
+	var stale []xdp.FlowKey
+	for {
+		select {
+		case <-e.stopReconcile:
+			return
+		case <-t.C:
+		}
+		now := monotonicNow()
+		stale = stale[:0]
+		err := e.objs.ForEachFlow(func(k xdp.FlowKey) bool {
+			tu := packet.Tuple{Src: k.Src, Dst: k.Dst, SrcPort: k.SrcPort, DstPort: k.DstPort, Proto: k.Proto}
+			if _, _, ok := e.ct.Lookup(tu, now); !ok {
+				stale = append(stale, k)
+			}
+			return true
+		})
+		if err == nil && len(stale) > 0 {
+			err = e.objs.DeleteFlows(stale)
+		}
+		if err != nil {
+			e.log.Warn("reconciling the XDP flow map", "err", err)
+		}
+	}
 }

@@ -47,6 +47,13 @@ type Processor struct {
 
 	// NewFlows counts flows this processor created; read by its worker.
 	NewFlows uint64
+	// NewReplies are the reply tuples of DNAT-only flows created in this
+	// batch. The XDP program recognises such replies by their exact tuple
+	// (a backend's reply to a client looks like any direct traffic from
+	// the backend otherwise), so the worker hands these to the XDP flow
+	// map before it transmits the batch. Masqueraded flows need no entry:
+	// their replies come to a SNAT port.
+	NewReplies []packet.Tuple
 }
 
 // NewProcessor makes the processor of one worker.
@@ -57,8 +64,12 @@ func NewProcessor(cfg ProcessorConfig) *Processor {
 	if cfg.RejectsPerSecond == 0 {
 		cfg.RejectsPerSecond = 1000
 	}
-	return &Processor{cfg: cfg, rng: cfg.Seed | 1}
+	return &Processor{cfg: cfg, rng: cfg.Seed | 1, NewReplies: make([]packet.Tuple, 0, maxBatch)}
 }
+
+// maxBatch bounds a worker's batch, so that NewReplies (at most one per
+// frame) never overflows.
+const maxBatch = 1024
 
 // BeginBatch loads the current service table for the frames that follow.
 // The table is not reloaded per packet: a batch sees one table.
@@ -192,6 +203,9 @@ func (p *Processor) newFlow(frame []byte, now int64) Verdict {
 		return Verdict{Action: Drop, Reason: res.Reason()}
 	}
 	p.NewFlows++
+	if flags&conntrack.SNAT == 0 && len(p.NewReplies) < cap(p.NewReplies) {
+		p.NewReplies = append(p.NewReplies, translated.Reverse())
+	}
 	flow := conntrack.Flow{Handle: h, Rewrite: translated}
 	return p.established(frame, &flow, conntrack.Original, now)
 }

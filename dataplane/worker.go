@@ -28,6 +28,14 @@ type Resolver interface {
 	Resolve(dst packet.Addr) (NextHop, packet.Reason)
 }
 
+// FlowPublisher tells the XDP program which replies are xdproxy's. Add
+// buffers a reply tuple; Flush makes the buffered tuples visible to the
+// program (one system call). A worker owns its FlowPublisher.
+type FlowPublisher interface {
+	Add(reply packet.Tuple) bool
+	Flush() error
+}
+
 // WorkerConfig configures one worker.
 type WorkerConfig struct {
 	// CPU pins the worker's OS thread; -1 leaves it unpinned.
@@ -48,6 +56,7 @@ type Worker struct {
 	port     *Port
 	proc     *Processor
 	resolver Resolver
+	flows    FlowPublisher
 	// egress[ifindex] is the port this worker transmits on for that
 	// interface; nil where xdproxy has no socket.
 	egress []*Port
@@ -70,14 +79,15 @@ type Worker struct {
 // xdproxy; for each interface the worker transmits on the port whose queue
 // matches its own (modulo the interface's queue count), so that several
 // workers spread their transmit load over the egress interface's queues.
-func NewWorker(cfg WorkerConfig, port *Port, ports []*Port, proc *Processor, resolver Resolver) *Worker {
+func NewWorker(cfg WorkerConfig, port *Port, ports []*Port, proc *Processor, resolver Resolver, flows FlowPublisher) *Worker {
 	if cfg.BatchSize <= 0 {
 		cfg.BatchSize = 64
 	}
+	cfg.BatchSize = min(cfg.BatchSize, maxBatch)
 	if cfg.IdleWait <= 0 {
 		cfg.IdleWait = 200 * time.Millisecond
 	}
-	w := &Worker{cfg: cfg, port: port, proc: proc, resolver: resolver, done: make(chan struct{})}
+	w := &Worker{cfg: cfg, port: port, proc: proc, resolver: resolver, flows: flows, done: make(chan struct{})}
 	byIf := map[int][]*Port{}
 	maxIf := 0
 	for _, p := range ports {
@@ -208,12 +218,32 @@ func (w *Worker) processBatch(descs []afxdp.Desc) {
 			w.release = append(w.release, d)
 		}
 	}
+	w.publishFlows()
 	w.flushCross()
 	w.flushOwn()
 	w.proc.Housekeep(now)
 	b.newFlows += w.proc.NewFlows
 	w.proc.NewFlows = 0
 	w.Counters.add(b)
+}
+
+// publishFlows registers the batch's new reply tuples with the XDP program
+// before any of the batch's frames leave, so that no reply can arrive
+// before the program knows it.
+func (w *Worker) publishFlows() {
+	p := w.proc
+	if len(p.NewReplies) == 0 {
+		return
+	}
+	if w.flows != nil {
+		for _, t := range p.NewReplies {
+			w.flows.Add(t)
+		}
+		if err := w.flows.Flush(); err != nil {
+			w.Counters.FlowPublishErrors.Add(1)
+		}
+	}
+	p.NewReplies = p.NewReplies[:0]
 }
 
 // flushCross copies frames bound for other interfaces into those ports'

@@ -74,7 +74,7 @@ func attachIn(ns, ifname string, o *Objects, mode Mode) (a *Attachment, err erro
 
 func loadSmall(t *testing.T) *Objects {
 	t.Helper()
-	o, err := Load(Options{MaxFrontends: 16, MaxBackends: 16, MaxAddrs: 16})
+	o, err := Load(Options{MaxFrontends: 16, MaxBackends: 16, MaxAddrs: 16, MaxFlows: 16})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,7 +281,7 @@ func TestHelperAttachAndWait(t *testing.T) {
 	if ns == "" {
 		t.Skip("helper process for TestAttachAfterKill")
 	}
-	o, err := Load(Options{MaxFrontends: 16, MaxBackends: 16, MaxAddrs: 16})
+	o, err := Load(Options{MaxFrontends: 16, MaxBackends: 16, MaxAddrs: 16, MaxFlows: 16})
 	if err != nil {
 		fmt.Println("error:", err)
 		os.Exit(1)
@@ -451,46 +451,15 @@ func TestTrafficReachesSockets(t *testing.T) {
 			if err := o.SetTables(frontends, nil, nil, PortRange{}); err != nil {
 				t.Fatal(err)
 			}
-			var at *Attachment
-			var socks []*asavie.Socket
+			_, socks := attachWithSockets(t, o, b, "b0", mode)
+			// The kernel's listener on the same port must get nothing.
 			var kernel net.PacketConn
-			err := inNetns(b, func() error {
-				l, err := netlink.LinkByName("b0")
-				if err != nil {
-					return err
-				}
-				if at, err = o.Attach(l.Attrs().Index, mode); err != nil {
-					return err
-				}
-				// NumRxQueues counts allocated queues; binding fails
-				// past the ones in use (one, for a default veth).
-				for q := range l.Attrs().NumRxQueues {
-					s, err := asavie.NewSocket(l.Attrs().Index, q, nil)
-					if err != nil && q > 0 {
-						break
-					}
-					if err != nil {
-						return fmt.Errorf("queue %d: %w", q, err)
-					}
-					socks = append(socks, s)
-					s.Fill(s.GetDescs(s.NumFreeFillSlots()))
-					if err := at.RegisterSocket(q, s.FD()); err != nil {
-						return err
-					}
-				}
-				// The kernel's listener on the same port must get nothing.
+			if err := inNetns(b, func() (err error) {
 				kernel, err = net.ListenPacket("udp4", fmt.Sprintf("198.18.0.2:%d", port))
 				return err
-			})
-			t.Cleanup(func() {
-				for _, s := range socks {
-					s.Close()
-				}
-			})
-			if err != nil {
+			}); err != nil {
 				t.Fatal(err)
 			}
-			defer at.Close()
 			defer kernel.Close()
 
 			const sent = 20
@@ -510,24 +479,7 @@ func TestTrafficReachesSockets(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			got := 0
-			var p packet.Packet
-			deadline := time.Now().Add(3 * time.Second)
-			for got < sent && time.Now().Before(deadline) {
-				for _, s := range socks {
-					n, _, err := s.Poll(20)
-					if err != nil {
-						t.Fatal(err)
-					}
-					descs := s.Receive(n)
-					for _, d := range descs {
-						if packet.Parse(s.GetFrame(d), &p) == packet.OK && p.DstPort == port {
-							got++
-						}
-					}
-					s.Fill(descs)
-				}
-			}
+			got := receive(t, socks, sent, func(p *packet.Packet) bool { return p.DstPort == port })
 			if got != sent {
 				t.Errorf("sockets received %d of %d datagrams", got, sent)
 			}
@@ -548,4 +500,75 @@ func TestTrafficReachesSockets(t *testing.T) {
 			}
 		})
 	}
+}
+
+// attachWithSockets attaches o's program to ifname in namespace ns with an
+// AF_XDP socket on every receive queue in use. Cleanup closes them all.
+func attachWithSockets(t *testing.T, o *Objects, ns, ifname string, mode Mode) (*Attachment, []*asavie.Socket) {
+	t.Helper()
+	var at *Attachment
+	var socks []*asavie.Socket
+	err := inNetns(ns, func() error {
+		l, err := netlink.LinkByName(ifname)
+		if err != nil {
+			return err
+		}
+		if at, err = o.Attach(l.Attrs().Index, mode); err != nil {
+			return err
+		}
+		// NumRxQueues counts allocated queues; binding fails past the
+		// ones in use (one, for a default veth).
+		for q := range l.Attrs().NumRxQueues {
+			s, err := asavie.NewSocket(l.Attrs().Index, q, nil)
+			if err != nil && q > 0 {
+				break
+			}
+			if err != nil {
+				return fmt.Errorf("queue %d: %w", q, err)
+			}
+			socks = append(socks, s)
+			s.Fill(s.GetDescs(s.NumFreeFillSlots()))
+			if err := at.RegisterSocket(q, s.FD()); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	t.Cleanup(func() {
+		if at != nil {
+			at.Close()
+		}
+		for _, s := range socks {
+			s.Close()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return at, socks
+}
+
+// receive polls socks until want frames that match have arrived, or for
+// three seconds, and returns how many did.
+func receive(t *testing.T, socks []*asavie.Socket, want int, match func(*packet.Packet) bool) int {
+	t.Helper()
+	got := 0
+	var p packet.Packet
+	deadline := time.Now().Add(3 * time.Second)
+	for got < want && time.Now().Before(deadline) {
+		for _, s := range socks {
+			n, _, err := s.Poll(20)
+			if err != nil {
+				t.Fatal(err)
+			}
+			descs := s.Receive(n)
+			for _, d := range descs {
+				if packet.Parse(s.GetFrame(d), &p) == packet.OK && match(&p) {
+					got++
+				}
+			}
+			s.Fill(descs)
+		}
+	}
+	return got
 }

@@ -1,6 +1,7 @@
 package xdp
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/xdproxy/xdproxy/dataplane/packet"
@@ -23,6 +24,17 @@ func BenchmarkProgram(b *testing.B) {
 	if err := o.SetTables(fe, be, map[packet.Addr]Flags{packet.MustParseAddr(node4): FlagNode}, PortRange{40000, 49999}); err != nil {
 		b.Fatal(err)
 	}
+	// 100,000 replies expected, from the backends to clients in
+	// 198.19.0.0/16 on ports 1024-1025.
+	w := o.NewFlowWriter(1000)
+	for i := 0; i < 100000; i += 1000 {
+		for _, k := range flowKeys(1000, i) {
+			w.Add(k)
+		}
+		if err := w.Flush(); err != nil {
+			b.Fatal(err)
+		}
+	}
 	inst, err := o.newInstance(1)
 	if err != nil {
 		b.Fatal(err)
@@ -33,6 +45,7 @@ func BenchmarkProgram(b *testing.B) {
 		frame func(tb testing.TB) []byte
 	}{
 		{"frontend", func(tb testing.TB) []byte { return tcp4(tb, client4, 1000, "198.18.110.16", 80) }},
+		{"flow", func(tb testing.TB) []byte { return tcp4(tb, backend4, 8080, "198.19.3.231", 1024) }},
 		{"unrelated", func(tb testing.TB) []byte { return tcp4(tb, client4, 1000, remote4, 22) }},
 	} {
 		b.Run(c.name, func(b *testing.B) {
@@ -80,4 +93,71 @@ func BenchmarkSetTables(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkFlush measures a worker's per-batch cost of writing the flows
+// it opened, into a table of the default size that holds 131,072 flows.
+func BenchmarkFlush(b *testing.B) {
+	requireRoot(b)
+	o, err := Load(Options{MaxFrontends: 16, MaxBackends: 16, MaxAddrs: 16})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer o.Close()
+	const distinct = 131072
+	ks := flowKeys(distinct, 0)
+	w := o.NewFlowWriter(64)
+	for i := 0; i < distinct; i += 64 {
+		for _, k := range ks[i : i+64] {
+			w.Add(k)
+		}
+		if err := w.Flush(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, n := range []int{1, 64} {
+		b.Run(fmt.Sprintf("keys=%d", n), func(b *testing.B) {
+			b.ReportAllocs()
+			next := 0
+			for b.Loop() {
+				for range n {
+					w.Add(ks[next])
+					next = (next + 1) % distinct
+				}
+				if err := w.Flush(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/flow")
+		})
+	}
+}
+
+// BenchmarkForEachFlow measures reading back a full table of the default
+// size, as a reconciler would.
+func BenchmarkForEachFlow(b *testing.B) {
+	requireRoot(b)
+	o, err := Load(Options{MaxFrontends: 16, MaxBackends: 16, MaxAddrs: 16})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer o.Close()
+	w := o.NewFlowWriter(1024)
+	for i := 0; i < DefaultMaxFlows; i += 1024 {
+		for _, k := range flowKeys(1024, i) {
+			w.Add(k)
+		}
+		if err := w.Flush(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportAllocs()
+	n := 0
+	for b.Loop() {
+		n = 0
+		if err := o.ForEachFlow(func(FlowKey) bool { n++; return true }); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(n), "flows")
 }

@@ -3,11 +3,16 @@
 // (ARP, SSH, pod traffic that is no service's) continue into the kernel.
 //
 // The program (bpf/xdp.c, compiled by bpf2go; the generated bpf_*.go and
-// bpf_*.o files are committed) matches a frame against four tables that
+// bpf_*.o files are committed) matches a frame against the tables that
 // this package keeps: service frontends, backend endpoints, flagged
-// addresses and the SNAT port range. The C file's header comment gives the
-// decision order. It never drops: a frame it cannot parse is passed, and a
-// frame it claims for a queue with no socket is passed too (and counted).
+// addresses and the SNAT port range, which SetTables writes, and the flows
+// whose replies xdproxy expects, which the dataplane's workers write
+// through FlowWriters. A reply is recognised by its exact 5-tuple, never
+// by its source alone: a client that talks to a pod directly, not through
+// a service, gets the pod's replies from the kernel as if xdproxy were not
+// there. The C file's header comment gives the decision order. It never
+// drops: a frame it cannot parse is passed, and a frame it claims for a
+// queue with no socket is passed too (and counted).
 //
 // Lifetimes. Load creates the tables once; they are shared by the programs
 // of every interface. Attach loads one program per interface, with its own
@@ -15,12 +20,15 @@
 // attaches it through a bpf_link: if the process dies, the kernel detaches
 // the program with the last file descriptor. Attach also replaces a
 // program of ours that an older xdproxy left attached through netlink, and
-// refuses to touch anyone else's. Close every Attachment before closing
-// the Objects. Attach must run on a thread in the network namespace of the
+// refuses to touch anyone else's. Close every Attachment, and stop using
+// every FlowWriter, before closing the Objects. Attach must run on a thread in the network namespace of the
 // interface.
 //
 // Objects and Attachment methods may be called from several goroutines;
-// SetTables calls are serialised. Nothing here runs per packet.
+// SetTables calls are serialised. A FlowWriter belongs to one goroutine;
+// FlowWriters of several goroutines may flush at once. Nothing here runs
+// per packet: a worker pays one system call per batch of frames, in
+// FlowWriter.Flush, and only when the batch opened connections.
 //
 // No package outside xdp imports cilium/ebpf for this program: the types
 // here use dataplane/packet's Addr and Proto.

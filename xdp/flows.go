@@ -52,10 +52,16 @@ type FlowWriter struct {
 	keys   []bpfFlowKey // len is the capacity; keys[:n] are buffered
 	values []uint8      // all present
 	n      int
+	// boxed[n] holds keys[:n] and values[:n] as the interfaces that
+	// BatchUpdate takes, made on the first Flush of n flows: converting a
+	// slice to an interface allocates, and Flush should not.
+	boxed []boxedBatch
 	// batch is cleared when the kernel has no batch operations (before
 	// 5.6); Flush then writes key by key.
 	batch bool
 }
+
+type boxedBatch struct{ keys, values any }
 
 // NewFlowWriter returns a FlowWriter that buffers up to capacity flows.
 func (o *Objects) NewFlowWriter(capacity int) *FlowWriter {
@@ -64,6 +70,7 @@ func (o *Objects) NewFlowWriter(capacity int) *FlowWriter {
 		flows:  o.flows,
 		keys:   make([]bpfFlowKey, capacity),
 		values: make([]uint8, capacity),
+		boxed:  make([]boxedBatch, capacity+1),
 		batch:  true,
 	}
 	for i := range w.values {
@@ -97,7 +104,11 @@ func (w *FlowWriter) Flush() error {
 	}
 	keys, values := w.keys[:n], w.values[:n]
 	if w.batch {
-		_, err := w.flows.BatchUpdate(keys, values, nil)
+		b := &w.boxed[n]
+		if b.keys == nil {
+			b.keys, b.values = keys, values
+		}
+		_, err := w.flows.BatchUpdate(b.keys, b.values, nil)
 		if !errors.Is(err, ebpf.ErrNotSupported) {
 			if err != nil {
 				return fmt.Errorf("xdp: writing %d flows: %w", n, err)

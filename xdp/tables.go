@@ -269,13 +269,20 @@ func put[K comparable, V any](m *ebpf.Map, keys []K, values []V) error {
 	return nil
 }
 
+// del deletes keys in one batch where the kernel supports it. Keys the map
+// does not hold are skipped.
 func del[K comparable](m *ebpf.Map, keys []K) error {
-	if len(keys) == 0 {
-		return nil
-	}
-	_, err := m.BatchDelete(keys, nil)
-	if !errors.Is(err, ebpf.ErrNotSupported) {
-		return err
+	for len(keys) > 0 {
+		n, err := m.BatchDelete(keys, nil)
+		if errors.Is(err, ebpf.ErrKeyNotExist) && n < len(keys) {
+			// The kernel stops at the first missing key, keys[n].
+			keys = keys[n+1:]
+			continue
+		}
+		if !errors.Is(err, ebpf.ErrNotSupported) {
+			return err
+		}
+		break
 	}
 	for i := range keys {
 		if err := m.Delete(&keys[i]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {

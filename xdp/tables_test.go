@@ -70,7 +70,7 @@ func equal(a, b []string) bool { return fmt.Sprint(a) == fmt.Sprint(b) }
 
 func TestSetTables(t *testing.T) {
 	requireRoot(t)
-	o, err := Load(Options{MaxFrontends: 4, MaxBackends: 4, MaxAddrs: 2})
+	o, err := Load(Options{MaxFrontends: 4, MaxBackends: 4, MaxAddrs: 2, MaxFlows: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +130,7 @@ func TestSetTables(t *testing.T) {
 // read back from the kernel instead of trusting the last state.
 func TestSetTablesReadsBack(t *testing.T) {
 	requireRoot(t)
-	o, err := Load(Options{MaxFrontends: 8, MaxBackends: 8, MaxAddrs: 8})
+	o, err := Load(Options{MaxFrontends: 8, MaxBackends: 8, MaxAddrs: 8, MaxFlows: 8})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,14 +24,14 @@ const (
 	passed rule = iota
 	parseFailed
 	frontend
-	backend
+	flow
 	snat
 	fragment
 	icmpError
 )
 
 var ruleNames = map[rule]string{passed: "passed", parseFailed: "parse_failed", frontend: "frontend",
-	backend: "backend", snat: "snat", fragment: "fragment", icmpError: "icmp_error"}
+	flow: "flow", snat: "snat", fragment: "fragment", icmpError: "icmp_error"}
 
 func (r rule) String() string { return ruleNames[r] }
 
@@ -58,7 +58,30 @@ func testTables(t *testing.T, o *Objects) {
 	if err := o.SetTables(frontends, backends, addrs, PortRange{40000, 49999}); err != nil {
 		t.Fatal(err)
 	}
+	w := o.NewFlowWriter(len(testFlows))
+	for _, k := range testFlows {
+		if !w.Add(k) {
+			t.Fatal("FlowWriter full")
+		}
+	}
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
 }
+
+// testFlows are the replies the verdict cases' tables expect, as they
+// arrive: from an endpoint back to the client xdproxy forwarded for.
+var testFlows = func() []FlowKey {
+	a := packet.MustParseAddr
+	return []FlowKey{
+		{a(backend4), a(client4), 8080, 12345, packet.ProtoTCP},
+		{a(backend4), a(client4), 5353, 5000, packet.ProtoUDP},
+		{a(backend4), a(node4), 8080, 40001, packet.ProtoTCP}, // after SNAT
+		{a(backend6), a(client6), 8443, 12345, packet.ProtoTCP},
+		{a(backend4), a(client4), 777, 777, packet.ProtoICMP},
+		{a(backend6), a(client6), 777, 777, packet.ProtoICMPv6},
+	}
+}()
 
 type verdictCase struct {
 	name  string
@@ -98,11 +121,24 @@ func verdictCases(t *testing.T) []verdictCase {
 		{"udp6 to cluster IP", udp6(t, client6, 5000, vip6, 53), frontend},
 		{"tcp6 unrelated", tcp6(t, client6, 12345, remote6, 443), passed},
 
-		// Replies from backends.
-		{"tcp4 reply from backend", tcp4(t, backend4, 8080, client4, 12345), backend},
-		{"udp4 reply from backend", udp4(t, backend4, 5353, client4, 5000), backend},
+		// Replies xdproxy expects: exactly a tuple in flows.
+		{"tcp4 reply in flows", tcp4(t, backend4, 8080, client4, 12345), flow},
+		{"udp4 reply in flows", udp4(t, backend4, 5353, client4, 5000), flow},
+		{"tcp6 reply in flows", tcp6(t, backend6, 8443, client6, 12345), flow},
+		{"tcp4 reply in flows to an SNAT port", tcp4(t, backend4, 8080, node4, 40001), flow},
+		{"echo4 reply in flows", echo4(t, backend4, client4, 0, 777), flow},
+		{"echo6 reply in flows", echo6(t, backend6, client6, 129, 777), flow},
+		// From an endpoint but no reply to xdproxy: a client that
+		// talks to the pod directly, not through a service.
+		{"tcp4 from backend, other client port", tcp4(t, backend4, 8080, client4, 23456), passed},
+		{"tcp4 from backend, other client", tcp4(t, backend4, 8080, remote4, 12345), passed},
+		{"udp4 from backend, other client port", udp4(t, backend4, 5353, client4, 5001), passed},
+		{"tcp6 from backend, other client port", tcp6(t, backend6, 8443, client6, 23456), passed},
 		{"tcp4 from backend, other port", tcp4(t, backend4, 9999, client4, 12345), passed},
-		{"tcp6 reply from backend", tcp6(t, backend6, 8443, client6, 12345), backend},
+		{"tcp4 with the ports of a UDP flow", tcp4(t, backend4, 5353, client4, 5000), passed},
+		{"tcp4 the other way of a flow", tcp4(t, client4, 12345, backend4, 8080), passed},
+		{"echo4 reply from backend, other id", echo4(t, backend4, client4, 0, 778), passed},
+		{"echo6 reply from backend, other id", echo6(t, backend6, client6, 129, 778), passed},
 
 		// Replies to SNAT ports.
 		{"tcp4 to SNAT port, low end", tcp4(t, remote4, 443, node4, 40000), snat},
@@ -193,7 +229,7 @@ func verdictCases(t *testing.T) []verdictCase {
 func newTestInstance(t *testing.T) (*Objects, *Attachment) {
 	t.Helper()
 	requireRoot(t)
-	o, err := Load(Options{MaxFrontends: 64, MaxBackends: 64, MaxAddrs: 64})
+	o, err := Load(Options{MaxFrontends: 64, MaxBackends: 64, MaxAddrs: 64, MaxFlows: 64})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +249,7 @@ func (c Counters) minus(d Counters) Counters {
 	return Counters{
 		Redirected: c.Redirected - d.Redirected, Passed: c.Passed - d.Passed,
 		NoSocket: c.NoSocket - d.NoSocket, ParseFailed: c.ParseFailed - d.ParseFailed,
-		MatchFrontend: c.MatchFrontend - d.MatchFrontend, MatchBackend: c.MatchBackend - d.MatchBackend,
+		MatchFrontend: c.MatchFrontend - d.MatchFrontend, MatchFlow: c.MatchFlow - d.MatchFlow,
 		MatchSNAT: c.MatchSNAT - d.MatchSNAT, MatchFragment: c.MatchFragment - d.MatchFragment,
 		MatchICMPError: c.MatchICMPError - d.MatchICMPError,
 	}
@@ -231,8 +267,8 @@ func wantCounters(r rule, socket bool) Counters {
 		return c
 	case frontend:
 		c.MatchFrontend = 1
-	case backend:
-		c.MatchBackend = 1
+	case flow:
+		c.MatchFlow = 1
 	case snat:
 		c.MatchSNAT = 1
 	case fragment:

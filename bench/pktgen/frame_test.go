@@ -3,8 +3,8 @@ package pktgen
 import (
 	"net"
 	"net/netip"
-	"time"
 	"testing"
+	"time"
 
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"

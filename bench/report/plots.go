@@ -60,8 +60,8 @@ func throughputPlot(r *Run) (*plot.Plot, bool, error) {
 			minSvc = min(minSvc, p.Services)
 		}
 	}
-	if minSvc > maxSvc {
-		minSvc = 1
+	if minSvc >= maxSvc {
+		minSvc, maxSvc = 1, max(10, maxSvc)
 	}
 	for _, p := range r.Packet {
 		if p.Capacity() <= 0 {
@@ -94,6 +94,7 @@ func throughputPlot(r *Run) (*plot.Plot, bool, error) {
 		return nil, false, err
 	}
 	p.Y.Min = 0
+	p.X.Min, p.X.Max = float64(minSvc)/2, float64(maxSvc)*2
 	return p, true, nil
 }
 

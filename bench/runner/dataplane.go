@@ -2,6 +2,7 @@ package runner
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -86,6 +87,19 @@ func RunDataplane(o DataplaneOptions) error {
 	fmt.Printf("%s %d\n", ReadyLine, time.Since(start).Microseconds())
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	// On the way out, the counters say where frames went.
+	defer func() {
+		var s dataplane.Snapshot
+		for _, w := range e.Workers() {
+			s.Add(w.Counters.Snapshot())
+		}
+		x, _ := e.XDPCounters()
+		b, _ := json.Marshal(struct {
+			Workers dataplane.Snapshot
+			XDP     any
+		}{s, x})
+		fmt.Fprintf(os.Stderr, "xdproxy counters: %s\n", b)
+	}()
 	select {
 	case <-ctx.Done():
 		return nil

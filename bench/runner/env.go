@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -33,7 +32,8 @@ type env struct {
 	t       *topo.Topology
 	sink    *sink.Sink
 	probe   cpuacct.Probe
-	proc    *exec.Cmd // xdproxy's dataplane process, if any
+	proc    *exec.Cmd     // xdproxy's dataplane process, if any
+	procErr *bytes.Buffer // its stderr (the counters it prints on exit)
 	setup   time.Duration
 	dst     netip.Addr
 	dsts    int
@@ -41,19 +41,33 @@ type env struct {
 	closers []func() error
 }
 
-func (e *env) close() error {
-	var errs []error
-	if e.proc != nil && e.proc.Process != nil {
-		_ = e.proc.Process.Signal(syscall.SIGTERM)
-		done := make(chan error, 1)
-		go func() { done <- e.proc.Wait() }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			_ = e.proc.Process.Kill()
-			<-done
+// stopXDProxy stops the dataplane process and returns the counters it
+// printed on the way out ("" without one).
+func (e *env) stopXDProxy() string {
+	if e.proc == nil || e.proc.Process == nil {
+		return ""
+	}
+	_ = e.proc.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- e.proc.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		_ = e.proc.Process.Kill()
+		<-done
+	}
+	e.proc = nil
+	for _, l := range strings.Split(e.procErr.String(), "\n") {
+		if strings.HasPrefix(l, "xdproxy counters:") {
+			return l
 		}
 	}
+	return ""
+}
+
+func (e *env) close() error {
+	var errs []error
+	e.stopXDProxy()
 	for i := len(e.closers) - 1; i >= 0; i-- {
 		errs = append(errs, e.closers[i]())
 	}
@@ -85,21 +99,24 @@ func (e *env) attachSink(ns, iface string, cpu int) ([]int, error) {
 
 // threaded turns threaded NAPI on for iface and pins its kthreads to cpu.
 func (e *env) threaded(ns, iface string, cpu int) ([]int, error) {
-	if err := e.t.SetThreaded(ns, iface, true); err != nil {
+	pids, err := e.t.SetThreaded(ns, iface)
+	if err != nil {
 		return nil, err
 	}
-	return e.t.PinNAPI(ns, iface, cpu)
+	if err := topo.Pin(cpu, pids...); err != nil {
+		return nil, err
+	}
+	return pids, topo.SetNice(e.cfg.Nice, pids...)
 }
 
 // newEnv builds the topology and programs path. For paths with services
 // the generator's destinations are spread over min(flows, services,
 // 65536) cluster IPs; a single flow goes to the last service.
-func newEnv(cfg *Config, path string, services, flows int, proto kernelrules.Proto) (e *env, err error) {
-	e = &env{cfg: cfg}
+func newEnv(cfg *Config, path string, services, flows int, proto kernelrules.Proto) (_ *env, err error) {
+	e := &env{cfg: cfg}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, e.close())
-			e = nil
 		}
 	}()
 	if e.t, err = topo.New(topo.Options{}); err != nil {
@@ -206,7 +223,7 @@ func newEnv(cfg *Config, path string, services, flows int, proto kernelrules.Pro
 // startXDProxy starts the dataplane process in the node namespace and
 // waits for its table to be published.
 func (e *env) startXDProxy(services int, proto kernelrules.Proto, flows int) error {
-	args := []string{"netns", "exec", e.t.Node, e.cfg.Self, "dataplane",
+	args := []string{"netns", "exec", e.t.Node, "nice", "-n", strconv.Itoa(e.cfg.Nice), e.cfg.Self, "dataplane",
 		"--services", strconv.Itoa(max(services, 1)), "--proto", string(proto), "--cpu", strconv.Itoa(e.cfg.Plan.ForwardCPU)}
 	if e.cfg.profileNext != "" {
 		args = append(args, "--cpuprofile", e.cfg.profileNext)
@@ -215,6 +232,7 @@ func (e *env) startXDProxy(services int, proto kernelrules.Proto, flows int) err
 	cmd := exec.Command("ip", args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
+	e.procErr = &stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return err
@@ -263,7 +281,7 @@ type measurement struct {
 
 // send runs the generator once.
 func (e *env) send(mode string, rate float64, d time.Duration, count uint64, flows int) (pktgen.Result, error) {
-	args := []string{"netns", "exec", e.t.Gen, e.cfg.Pktgen, "--json", "--mode", mode,
+	args := []string{"netns", "exec", e.t.Gen, "nice", "-n", strconv.Itoa(e.cfg.Nice), e.cfg.Pktgen, "--json", "--mode", mode,
 		"--dev", topo.GenIface, "--dst-mac", e.t.NodeInMAC.String(), "--cpu", strconv.Itoa(e.cfg.Plan.GenCPU),
 		"--src", topo.FlowSource.String(), "--dst", e.dst.String(), "--dsts", strconv.Itoa(e.dsts),
 		"--dport", strconv.Itoa(int(e.dport)), "--flows", strconv.Itoa(flows), "--size", strconv.Itoa(e.cfg.FrameSize),
@@ -333,6 +351,10 @@ func (e *env) trial(mode string, rate float64, d time.Duration, flows int) (meas
 	if recv > 0 {
 		m.costNs = float64(p1-p0) / float64(recv)
 		m.cpuNs = float64(c1.Sub(c0).BusyTime()) / float64(recv)
+	}
+	if e.cfg.Verbose {
+		e.cfg.Log.Printf("      trial %s offered %.0f sent %.0f recv %.0f loss %.3f%% late %d cost %.0f ns cpu %.0f ns (threads %v, %v busy)",
+			mode, rate, m.point.Sent, m.point.Received, m.point.Loss()*100, res.Late, m.costNs, m.cpuNs, time.Duration(p1-p0), c1.Sub(c0).BusyTime())
 	}
 	return m, nil
 }

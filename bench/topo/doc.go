@@ -14,7 +14,7 @@
 //
 // A CPU plan says which CPU generates and which forwards (Plan). Tuning
 // helpers move receive work: SetRPS for the backlog path, SetThreaded and
-// PinNAPI for veth NAPI instances (which exist while the veth has an XDP
+// Pin for veth NAPI instances (which exist while the veth has an XDP
 // program or GRO on).
 //
 // Namespaces are named "xdpt-<pid>-<hex>-<role>", the testbed's scheme, so

@@ -246,14 +246,72 @@ func (t *Topology) SetRPS(ns, iface string, cpu int) error {
 	return err
 }
 
-// SetThreaded turns threaded NAPI on or off for iface.
-func (t *Topology) SetThreaded(ns, iface string, on bool) error {
-	v := "0"
-	if on {
-		v = "1"
+// SetThreaded turns threaded NAPI on for iface and returns the PIDs of its
+// NAPI kthreads. The kernel's netdev netlink dump of NAPI instances skips
+// a device whose NAPI ids are above those of the device dumped before it
+// (seen on 6.18), so the kthreads are also found as the "napi/<iface>-<id>"
+// threads that appeared when threaded mode was switched on here.
+func (t *Topology) SetThreaded(ns, iface string) ([]int, error) {
+	before := napiThreadsByName(iface)
+	if _, err := t.Exec(ns, "sh", "-c", fmt.Sprintf("echo 1 > /sys/class/net/%s/threaded", iface)); err != nil {
+		return nil, err
 	}
-	_, err := t.Exec(ns, "sh", "-c", fmt.Sprintf("echo %s > /sys/class/net/%s/threaded", v, iface))
-	return err
+	seen := map[int]bool{}
+	for deadline := time.Now().Add(time.Second); ; {
+		if pids, err := NAPIThreads(ns, iface); err == nil {
+			for _, p := range pids {
+				seen[p] = true
+			}
+		}
+		for p := range napiThreadsByName(iface) {
+			if !before[p] {
+				seen[p] = true
+			}
+		}
+		if len(seen) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("%w: %s/%s", ErrNoNAPI, ns, iface)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	var pids []int
+	for p := range seen {
+		pids = append(pids, p)
+	}
+	sort.Ints(pids)
+	return pids, nil
+}
+
+// napiThreadsByName finds kernel threads named "napi/<iface>-<id>".
+func napiThreadsByName(iface string) map[int]bool {
+	out := map[int]bool{}
+	dirs, _ := os.ReadDir("/proc")
+	prefix := "napi/" + iface + "-"
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		comm, err := os.ReadFile("/proc/" + d.Name() + "/comm")
+		if err == nil && strings.HasPrefix(strings.TrimSpace(string(comm)), prefix) {
+			out[pid] = true
+		}
+	}
+	return out
+}
+
+// Pin pins threads to cpu.
+func Pin(cpu int, pids ...int) error {
+	var set unix.CPUSet
+	set.Set(cpu)
+	for _, pid := range pids {
+		if err := unix.SchedSetaffinity(pid, &set); err != nil {
+			return fmt.Errorf("topo: pin thread %d to CPU %d: %w", pid, cpu, err)
+		}
+	}
+	return nil
 }
 
 // SetOffload runs "ethtool -K iface feature on|off".
@@ -267,27 +325,17 @@ func (t *Topology) SetOffload(ns, iface, feature string, on bool) error {
 }
 
 // ErrNoNAPI means the interface has no NAPI kthreads: a veth has NAPI only
-// while it runs an XDP program or has GRO on, and threads only when
-// threaded NAPI is on.
+// while it runs an XDP program or has GRO on.
 var ErrNoNAPI = errors.New("topo: no NAPI kthreads (turn threaded NAPI on, attach XDP or turn GRO on first)")
 
-// PinNAPI pins iface's NAPI kthreads to cpu and returns their PIDs.
-func (t *Topology) PinNAPI(ns, iface string, cpu int) ([]int, error) {
-	pids, err := NAPIThreads(ns, iface)
-	if err != nil {
-		return nil, err
-	}
-	if len(pids) == 0 {
-		return nil, ErrNoNAPI
-	}
-	var set unix.CPUSet
-	set.Set(cpu)
-	for _, pid := range pids {
-		if err := unix.SchedSetaffinity(pid, &set); err != nil {
-			return nil, fmt.Errorf("topo: pin NAPI thread %d: %w", pid, err)
+// SetNice sets the nice value of threads (kernel threads included).
+func SetNice(nice int, tids ...int) error {
+	for _, tid := range tids {
+		if err := unix.Setpriority(unix.PRIO_PROCESS, tid, nice); err != nil {
+			return fmt.Errorf("topo: nice %d for thread %d: %w", nice, tid, err)
 		}
 	}
-	return pids, nil
+	return nil
 }
 
 // Generic netlink "netdev" family (include/uapi/linux/netdev.h).

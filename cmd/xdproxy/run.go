@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/klog/v2"
 
 	"github.com/xdproxy/xdproxy/control/config"
 	"github.com/xdproxy/xdproxy/dataplane"
@@ -51,6 +52,7 @@ func runCmd(args []string) error {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	slog.SetDefault(log)
+	klog.SetSlogLogger(log) // client-go's informer logs into the same stream
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return fmt.Errorf("raising the memlock limit: %w", err)
 	}

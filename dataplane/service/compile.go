@@ -58,8 +58,23 @@ const DefaultAffinityTimeout = 10800 * time.Second
 // Compile builds the immutable Table for m. It does not modify or keep m.
 // Options that fail Validate are replaced by their defaults and reported
 // in Table.Problems.
-func Compile(m *Model, opts CompileOptions) *Table {
-	t := &Table{generation: opts.Generation, version: opts.Version, masqueradeAll: opts.MasqueradeAll}
+func Compile(m *Model, opts CompileOptions) *Table { return CompileFrom(nil, m, opts) }
+
+// CompileFrom is Compile that starts from prev, the table compiled from an
+// earlier version of the model: a ServicePort whose Name, Proto and
+// non-zero Revision match a port of prev is taken over from prev as it is
+// (its backend sets, Maglev tables and source ranges are shared, not
+// rebuilt), provided the node and the options are the same as prev's;
+// every other port is compiled afresh. The result is the table Compile
+// would return for m, except that round-robin positions may carry over
+// and BackendKeys may list the keys in another order.
+//
+// prev is only read, never modified: workers may go on using it while
+// CompileFrom runs and after. prev may be nil. The new table shares
+// immutable parts of prev but holds no reference to prev itself, so a
+// chain of tables compiled one from the other does not stay in memory.
+func CompileFrom(prev *Table, m *Model, opts CompileOptions) *Table {
+	t := &Table{generation: opts.Generation, version: opts.Version}
 	if t.generation == 0 {
 		t.generation = generations.Add(1)
 	} else {
@@ -76,66 +91,152 @@ func Compile(m *Model, opts CompileOptions) *Table {
 		t.problems = append(t.problems, fmt.Sprintf("Maglev table size %d is not a prime; using %d", maglevSize, maglev.DefaultSize))
 		maglevSize = 0
 	}
-	for _, p := range opts.ClusterCIDRs {
-		if pf, ok := prefixFrom(p); ok {
-			t.clusterCIDRs = append(t.clusterCIDRs, pf)
-		}
+	if prev != nil && prev.settings.same(&m.Node, &opts, maglevSize) {
+		t.settings = prev.settings
+	} else {
+		prev = nil
+		t.settings = newSettings(&m.Node, &opts, maglevSize)
 	}
-	t.nodeAddrs = slices.Clone(m.Node.Addresses)
+	t.clusterCIDRs, t.nodeAddrs = t.settings.clusterCIDRs, t.settings.nodeAddrs
 
-	// Sort service ports so that the outcome, conflicts included, does
-	// not depend on the order the source listed them in.
-	order := make([]int, len(m.Ports))
-	nFrontends, nEndpoints := 0, 0
-	for i := range order {
-		order[i] = i
-		sp := &m.Ports[i]
+	order := sortedPorts(m.Ports)
+	c := compiler{t: t, node: &m.Node, maglevSize: maglevSize}
+
+	// Match each port with its compiled form in prev, and size the
+	// arenas for the ports that must be compiled.
+	from := make([]int32, len(order)) // index into prev.ports, or -1
+	nFrontends, nEndpoints, nCompiled := 0, 0, 0
+	j := 0
+	for i, mi := range order {
+		sp := &m.Ports[mi]
 		nFrontends += len(sp.ClusterIPs) + len(sp.ExternalIPs) + len(sp.LoadBalancerIPs)
 		if sp.NodePort != 0 {
 			nFrontends += len(m.Node.Addresses)
 		}
-		nEndpoints += len(sp.Endpoints)
-	}
-	slices.SortFunc(order, func(a, b int) int {
-		pa, pb := &m.Ports[a], &m.Ports[b]
-		return cmp.Or(
-			cmp.Compare(pa.Name.Namespace, pb.Name.Namespace),
-			cmp.Compare(pa.Name.Name, pb.Name.Name),
-			cmp.Compare(pa.Name.Port, pb.Name.Port),
-			cmp.Compare(pa.Proto, pb.Proto),
-		)
-	})
-
-	c := compiler{
-		t:          t,
-		node:       &m.Node,
-		maglevSize: maglevSize,
-		// Cluster and local lists together hold each endpoint at most twice.
-		arena: make([]Backend, 0, 2*nEndpoints),
-	}
-	t.ports = make([]Port, len(order))
-	t.frontends = make([]Frontend, 0, nFrontends)
-	t.index = newKeyIndex(nFrontends)
-	t.backends = newKeyIndex(nEndpoints)
-	for i, mi := range order {
-		c.port(&t.ports[i], &m.Ports[mi])
-	}
-	for i := range t.ports {
-		c.frontends(&t.ports[i], &m.Ports[order[i]])
-	}
-
-	t.frontendKeys = make([]Key, len(t.frontends))
-	vips := make([]packet.Addr, 0, len(t.frontends))
-	for i := range t.frontends {
-		f := &t.frontends[i]
-		t.frontendKeys[i] = f.Key
-		if f.Kind != NodePort {
-			vips = append(vips, f.Key.Addr)
+		from[i] = -1
+		if prev != nil {
+			var k int
+			k, j = prev.match(sp, j)
+			from[i] = int32(k)
+		}
+		if from[i] < 0 {
+			nEndpoints += len(sp.Endpoints)
+			nCompiled++
 		}
 	}
-	slices.SortFunc(vips, func(a, b packet.Addr) int { return compareAddr(&a, &b) })
-	t.vips = slices.Compact(vips)
+	// Cluster and local lists together hold each endpoint at most twice.
+	c.arena = make([]Backend, 0, 2*nEndpoints)
+	c.keys = make([]Key, 0, nEndpoints)
+
+	t.ports = make([]Port, len(order))
+	for i, mi := range order {
+		p := &t.ports[i]
+		if k := from[i]; k >= 0 {
+			*p = prev.ports[k]
+		} else {
+			c.port(p, &m.Ports[mi])
+		}
+		t.problems = append(t.problems, p.problems...)
+	}
+
+	c.allFrontends(prev, m, order, nFrontends)
+	if prev == nil || !t.backends.update(&prev.backends, prev.ports, from, t.ports) {
+		t.backends = newBackendIndex(t.ports)
+	}
 	return t
+}
+
+// settings are the node and option inputs that every compiled Port
+// depends on. Tables compiled with the same settings share one, which is
+// what lets CompileFrom take a Port over from an earlier table unchanged.
+type settings struct {
+	nodeName, nodeZone string
+	nodeAddrs          []packet.Addr
+	cidrs              []netip.Prefix // as given, for comparison
+	clusterCIDRs       []prefix
+	masqueradeAll      bool
+	maglevSize         uint64 // validated; 0 is the default size
+}
+
+func newSettings(node *Node, opts *CompileOptions, maglevSize uint64) *settings {
+	s := &settings{
+		nodeName:      node.Name,
+		nodeZone:      node.Zone,
+		nodeAddrs:     slices.Clone(node.Addresses),
+		cidrs:         slices.Clone(opts.ClusterCIDRs),
+		masqueradeAll: opts.MasqueradeAll,
+		maglevSize:    maglevSize,
+	}
+	for _, p := range opts.ClusterCIDRs {
+		if pf, ok := prefixFrom(p); ok {
+			s.clusterCIDRs = append(s.clusterCIDRs, pf)
+		}
+	}
+	return s
+}
+
+func (s *settings) same(node *Node, opts *CompileOptions, maglevSize uint64) bool {
+	return s.nodeName == node.Name && s.nodeZone == node.Zone && slices.Equal(s.nodeAddrs, node.Addresses) &&
+		slices.Equal(s.cidrs, opts.ClusterCIDRs) && s.masqueradeAll == opts.MasqueradeAll && s.maglevSize == maglevSize
+}
+
+func (s *settings) isNodeAddr(a *packet.Addr) bool {
+	for i := range s.nodeAddrs {
+		if s.nodeAddrs[i] == *a {
+			return true
+		}
+	}
+	return false
+}
+
+// sortedPorts returns the indexes of ports sorted by name and protocol, so
+// that the outcome, conflicts included, does not depend on the order the
+// source listed them in.
+func sortedPorts(ports []ServicePort) []int {
+	order := make([]int, len(ports))
+	for i := range order {
+		order[i] = i
+	}
+	byName := func(a, b int) int {
+		return comparePorts(&ports[a].Name, ports[a].Proto, &ports[b].Name, ports[b].Proto)
+	}
+	// Sources usually list ports sorted already.
+	if !slices.IsSortedFunc(order, byName) {
+		slices.SortFunc(order, byName)
+	}
+	return order
+}
+
+func comparePorts(a *PortName, pa packet.Proto, b *PortName, pb packet.Proto) int {
+	return cmp.Or(
+		cmp.Compare(a.Namespace, b.Namespace),
+		cmp.Compare(a.Name, b.Name),
+		cmp.Compare(a.Port, b.Port),
+		cmp.Compare(pa, pb),
+	)
+}
+
+// match finds the compiled port of t that sp may take over: same name,
+// protocol and non-zero revision. Ports arrive in t's order, so the search
+// starts at from, where the previous one ended; match returns the index
+// (-1 when there is none) and where the next search starts.
+func (t *Table) match(sp *ServicePort, from int) (int, int) {
+	ports := t.ports
+	// Skip ports that sort before sp: they are gone from the model.
+	for from < len(ports) && comparePorts(&ports[from].Name, ports[from].Proto, &sp.Name, sp.Proto) < 0 {
+		from++
+	}
+	if sp.Revision == 0 {
+		return -1, from
+	}
+	// A malformed model may list one name twice; any of the equal names
+	// with the same revision will do.
+	for k := from; k < len(ports) && ports[k].Name == sp.Name && ports[k].Proto == sp.Proto; k++ {
+		if ports[k].Revision == sp.Revision {
+			return k, from
+		}
+	}
+	return -1, from
 }
 
 type compiler struct {
@@ -143,7 +244,12 @@ type compiler struct {
 	node       *Node
 	maglevSize uint64
 	arena      []Backend
+	keys       []Key
 	names      [][]byte
+	// While follow is set, every frontend so far has matched same (prev's
+	// frontends) one for one and the index is not built yet.
+	follow bool
+	same   []Frontend
 }
 
 func (c *compiler) port(p *Port, sp *ServicePort) {
@@ -158,7 +264,8 @@ func (c *compiler) port(p *Port, sp *ServicePort) {
 		InternalPolicyLocal: sp.InternalPolicyLocal,
 		AffinityTimeout:     sp.AffinityTimeout,
 		ID:                  portID(sp),
-		table:               c.t,
+		Revision:            sp.Revision,
+		settings:            c.t.settings,
 	}
 	if sp.AffinityTimeout > 0 {
 		p.affinitySec = uint32(min(max(sp.AffinityTimeout/time.Second, 1), 1<<31))
@@ -177,6 +284,7 @@ func (c *compiler) port(p *Port, sp *ServicePort) {
 			c.categorize(p, sp, fam)
 		}
 	}
+	start := len(c.keys)
 	for _, ep := range sp.Endpoints {
 		if ep.Addr.IsZero() {
 			continue
@@ -184,11 +292,9 @@ func (c *compiler) port(p *Port, sp *ServicePort) {
 		if ep.Ready && c.isLocal(&ep) {
 			p.LocalReady++
 		}
-		k := Key{Addr: ep.Addr, Port: ep.Port, Proto: sp.Proto}
-		if c.t.backends.insert(k, 0) {
-			c.t.backendKeys = append(c.t.backendKeys, k)
-		}
+		c.keys = append(c.keys, Key{Addr: ep.Addr, Port: ep.Port, Proto: sp.Proto})
 	}
+	p.endpointKeys = c.keys[start:len(c.keys):len(c.keys)]
 
 	// loadBalancerSourceRanges apply per family, as in kube-proxy: a family
 	// with no range of its own is not restricted. A range holding a node
@@ -345,10 +451,58 @@ func (c *compiler) finish(p *Port, s *BackendSet, set []Backend) {
 	mt, err := maglev.New(names, maglev.Options{Size: c.maglevSize})
 	if err != nil {
 		// Too many backends for the table: fall back to random choice.
-		c.t.problems = append(c.t.problems, fmt.Sprintf("%v: Maglev: %v; choosing at random", p.Name, err))
+		p.problems = append(p.problems, fmt.Sprintf("%v: Maglev: %v; choosing at random", p.Name, err))
 		return
 	}
 	s.maglev = mt
+}
+
+// allFrontends lists the frontends of all ports. When they come out as
+// the same keys and kinds in the same order as prev's, which is the rule
+// when only endpoints changed, prev's index and key lists still hold and
+// are shared; otherwise they are built anew.
+func (c *compiler) allFrontends(prev *Table, m *Model, order []int, n int) {
+	t := c.t
+	t.frontends = make([]Frontend, 0, n)
+	if prev != nil {
+		c.follow, c.same = true, prev.frontends
+	} else {
+		t.index = newKeyIndex(n)
+	}
+	for i := range t.ports {
+		c.frontends(&t.ports[i], &m.Ports[order[i]])
+	}
+	if c.follow && len(t.frontends) == len(c.same) {
+		t.index, t.frontendKeys, t.vips = prev.index, prev.frontendKeys, prev.vips
+		return
+	}
+	if c.follow {
+		// Every frontend matched, but prev had more.
+		c.indexFrontends()
+	}
+	t.frontendKeys = make([]Key, len(t.frontends))
+	vips := make([]packet.Addr, 0, len(t.frontends))
+	for i := range t.frontends {
+		f := &t.frontends[i]
+		t.frontendKeys[i] = f.Key
+		if f.Kind != NodePort {
+			vips = append(vips, f.Key.Addr)
+		}
+	}
+	slices.SortFunc(vips, func(a, b packet.Addr) int { return compareAddr(&a, &b) })
+	t.vips = slices.Compact(vips)
+}
+
+// indexFrontends stops following prev: it indexes the frontends listed so
+// far (distinct, since they matched prev's) so that the rest are checked
+// for conflicts as usual.
+func (c *compiler) indexFrontends() {
+	t := c.t
+	c.follow, c.same = false, nil
+	t.index = newKeyIndex(cap(t.frontends))
+	for i := range t.frontends {
+		t.index.insert(t.frontends[i].Key, i)
+	}
 }
 
 func (c *compiler) frontends(p *Port, sp *ServicePort) {
@@ -377,7 +531,15 @@ func (c *compiler) frontend(p *Port, kind Kind, addr packet.Addr, port uint16) {
 	}
 	t := c.t
 	k := Key{Addr: addr, Port: port, Proto: p.Proto}
-	if !t.index.insert(k, len(t.frontends)) {
+	var rr uint64
+	if c.follow {
+		if n := len(t.frontends); n < len(c.same) && c.same[n].Key == k && c.same[n].Kind == kind {
+			rr = c.same[n].rr.Load()
+		} else {
+			c.indexFrontends()
+		}
+	}
+	if !c.follow && !t.index.insert(k, len(t.frontends)) {
 		other := &t.frontends[t.index.find(&k.Addr, k.Port, k.Proto)]
 		t.problems = append(t.problems, fmt.Sprintf("%v %v %v:%d: already taken by %v %v; ignored",
 			p.Name, kind, addr, port, other.Port.Name, other.Kind))
@@ -385,6 +547,9 @@ func (c *compiler) frontend(p *Port, kind Kind, addr packet.Addr, port uint16) {
 	}
 	t.frontends = append(t.frontends, Frontend{Key: k, Kind: kind, Port: p})
 	f := &t.frontends[len(t.frontends)-1]
+	if rr != 0 {
+		f.rr.Store(rr)
+	}
 
 	cluster, local := &p.Cluster[fam], &p.Local[fam]
 	switch {

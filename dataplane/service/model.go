@@ -2,6 +2,7 @@ package service
 
 import (
 	"net/netip"
+	"sync/atomic"
 	"time"
 
 	"github.com/xdproxy/xdproxy/dataplane/packet"
@@ -69,6 +70,12 @@ func (s Scheduler) String() string {
 type ServicePort struct {
 	Name  PortName
 	Proto packet.Proto
+	// Revision identifies this version of the port for CompileFrom, which
+	// reuses the compiled port of the previous table when Name, Proto and
+	// Revision match. 0 means unknown: the port is always compiled. A
+	// source that sets it must give a port a new revision (NewRevision)
+	// whenever anything in it, endpoints included, may have changed.
+	Revision uint64
 	// ClusterIPs are the service's cluster IPs (one per family).
 	ClusterIPs []packet.Addr
 	Port       uint16
@@ -115,3 +122,9 @@ type Endpoint struct {
 	// (hints.forZones); empty when the slice carries no hints.
 	ZoneHints []string
 }
+
+var revisions atomic.Uint64
+
+// NewRevision returns a ServicePort revision no earlier call returned, from
+// a process-wide counter, so that sources never hand out one twice.
+func NewRevision() uint64 { return revisions.Add(1) }

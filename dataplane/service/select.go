@@ -101,14 +101,14 @@ func NeedsMasquerade(f *Frontend, src packet.Addr, backend *Backend) bool {
 	if backend != nil && backend.Addr == src {
 		return true
 	}
-	t := f.Port.table
+	s := f.Port.settings
 	if f.Kind == ClusterIP {
-		return t.masqueradeAll || (len(t.clusterCIDRs) > 0 && !anyContains(t.clusterCIDRs, &src))
+		return s.masqueradeAll || (len(s.clusterCIDRs) > 0 && !anyContains(s.clusterCIDRs, &src))
 	}
 	if !f.Port.ExternalPolicyLocal {
 		return true
 	}
-	return t.isNodeAddr(&src)
+	return s.isNodeAddr(&src)
 }
 
 // AllowsSource reports whether src may use f: false only for a

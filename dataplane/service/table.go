@@ -1,6 +1,7 @@
 package service
 
 import (
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -155,6 +156,8 @@ type Port struct {
 	// ID identifies the port across table swaps (a hash of its name and
 	// protocol, never 0); session affinity is keyed by it.
 	ID uint64
+	// Revision is the ServicePort's Revision (see CompileFrom).
+	Revision uint64
 
 	// Cluster is, per family, the endpoints used under traffic policy
 	// Cluster: ready ones (narrowed to this zone when zone hints apply),
@@ -176,7 +179,9 @@ type Port struct {
 	sourceRanges  [2][]prefix
 	allowFromNode [2]bool
 	lbIPs         []packet.Addr
-	table         *Table
+	settings      *settings
+	endpointKeys  []Key    // of all endpoints, usable or not, for IsBackend
+	problems      []string // what compiling the port had to skip
 }
 
 // Frontend is one address:port:protocol that a service answers on.
@@ -191,25 +196,30 @@ type Frontend struct {
 	rr           atomic.Uint64
 }
 
-// Table is an immutable snapshot of all frontends. Build it with Compile;
-// publish it with Current.
+// Table is an immutable snapshot of all frontends. Build it with Compile
+// or CompileFrom; publish it with Current.
 type Table struct {
 	generation uint64
 	version    string
+	settings   *settings
 
 	ports     []Port
 	frontends []Frontend
 	index     keyIndex // frontend keys -> frontends
-	backends  keyIndex // backend keys, values unused
+	backends  backendIndex
 
 	frontendKeys []Key
-	backendKeys  []Key
 	vips         []packet.Addr
 	problems     []string
 
-	clusterCIDRs  []prefix
-	masqueradeAll bool
-	nodeAddrs     []packet.Addr
+	// backendKeys is listed from backends on first use: the dataplane
+	// wants it after the table is published, not before.
+	backendKeysOnce sync.Once
+	backendKeys     []Key
+
+	// Copies of settings' fields, one pointer closer to IsLocalOrigin.
+	clusterCIDRs []prefix
+	nodeAddrs    []packet.Addr
 }
 
 // Lookup returns the frontend for a packet to dst:port over proto, or nil
@@ -233,7 +243,7 @@ func (t *Table) IsBackend(proto packet.Proto, addr packet.Addr, port uint16) boo
 	if t == nil {
 		return false
 	}
-	return t.backends.find(&addr, port, proto) >= 0
+	return t.backends.contains(&addr, port, proto)
 }
 
 // Generation is the number Compile was given, or a process-wide counter
@@ -248,9 +258,13 @@ func (t *Table) Version() string { return t.version }
 // modify it.
 func (t *Table) FrontendKeys() []Key { return t.frontendKeys }
 
-// BackendKeys lists every endpoint key (see IsBackend), so the XDP program
-// can steer replies from backends. The slice belongs to the table.
-func (t *Table) BackendKeys() []Key { return t.backendKeys }
+// BackendKeys lists every endpoint key (see IsBackend) once, in no
+// particular order, so the XDP program can steer replies from backends.
+// The first call lists them; the slice belongs to the table.
+func (t *Table) BackendKeys() []Key {
+	t.backendKeysOnce.Do(func() { t.backendKeys = t.backends.keys() })
+	return t.backendKeys
+}
 
 // VIPs lists the distinct service addresses: cluster IPs, external IPs
 // and load-balancer IPs, sorted. Node addresses, which carry NodePorts,

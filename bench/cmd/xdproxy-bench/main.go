@@ -1,0 +1,212 @@
+// Command xdproxy-bench measures xdproxy against the paths kube-proxy
+// programs into the kernel, on one veth topology, in one run, and writes
+// CSV, a markdown report and PNG plots to <out>/<date>/.
+//
+//	xdproxy-bench --out bench/results           # full run
+//	xdproxy-bench --quick --out bench/results   # under 3 minutes
+//
+// It needs root. The subcommands dataplane, tcp-server and tcp-client are
+// the processes it starts inside the topology's namespaces.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/xdproxy/xdproxy/bench/kernelrules"
+	"github.com/xdproxy/xdproxy/bench/report"
+	"github.com/xdproxy/xdproxy/bench/runner"
+	"github.com/xdproxy/xdproxy/bench/tcpbench"
+	"github.com/xdproxy/xdproxy/bench/topo"
+	"github.com/xdproxy/xdproxy/dataplane/testbed"
+)
+
+func main() {
+	var err error
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case "dataplane":
+			err = dataplaneCmd(os.Args[2:])
+		case "tcp-server":
+			err = tcpServerCmd(os.Args[2:])
+		case "tcp-client":
+			err = tcpClientCmd(os.Args[2:])
+		default:
+			err = benchCmd(os.Args[1:])
+		}
+	} else {
+		err = benchCmd(nil)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "xdproxy-bench:", err)
+		os.Exit(1)
+	}
+}
+
+func ints(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		v, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil {
+			return nil, fmt.Errorf("%q: %w", s, err)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+func benchCmd(args []string) error {
+	fs := flag.NewFlagSet("xdproxy-bench", flag.ExitOnError)
+	var (
+		out       = fs.String("out", "bench/results", "results go to OUT/<date>/")
+		quick     = fs.Bool("quick", false, "the short run (under 3 minutes): fewer service counts, shorter trials")
+		services  = fs.String("services", "", "service counts (default 1,1000,10000,100000; quick 1,10000)")
+		flows     = fs.String("flows", "1,100000", "flow counts: one flow and many flows")
+		genCPU    = fs.Int("gen-cpu", 0, "CPU of the generator, the sink's receive work, and the TCP client and server")
+		fwdCPU    = fs.Int("forward-cpu", 1, "CPU that forwards")
+		trial     = fs.Duration("trial", 0, "length of one trial (default 1s; quick 500ms)")
+		costRate  = fs.Float64("cost-rate", 0, "offered pps of the cost runs (default: min(200k, half the generator ceiling))")
+		size      = fs.Int("size", 64, "frame size including FCS")
+		tcp       = fs.Bool("tcp", true, "run the TCP connection test")
+		packet    = fs.Bool("packet", true, "run the packet-rate tests")
+		profile   = fs.Bool("profile", true, "write a CPU profile of xdproxy at the most services and flows")
+		pktgenBin = fs.String("pktgen", "", "xdproxy-pktgen binary (default: next to this one)")
+		nice      = fs.Int("nice", -10, "nice value of the generator, the forwarding threads and xdproxy")
+		verbose   = fs.Bool("v", false, "log every trial")
+		iptables  = fs.String("iptables-restore", "iptables-restore", "iptables-restore binary (iptables-legacy-restore for the legacy backend)")
+	)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if os.Geteuid() != 0 {
+		return errors.New("needs root (network namespaces, XDP)")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	if *pktgenBin == "" {
+		*pktgenBin = filepath.Join(filepath.Dir(self), "xdproxy-pktgen")
+	}
+	if _, err := os.Stat(*pktgenBin); err != nil {
+		return fmt.Errorf("generator: %w (run make build)", err)
+	}
+	for _, tool := range []string{"ip", "ethtool", "nft", "taskset", *iptables} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return fmt.Errorf("%s is missing (make deps installs it): %w", tool, err)
+		}
+	}
+	if stale, _ := testbed.CleanupStale(); len(stale) > 0 {
+		fmt.Fprintf(os.Stderr, "removed %d namespaces a killed run left behind\n", len(stale))
+	}
+	cfg := &runner.Config{
+		Quick: *quick, Plan: topo.Plan{GenCPU: *genCPU, ForwardCPU: *fwdCPU},
+		Trial: time.Second, CostRuns: 5, SearchTrials: 7, CurvePoints: 5, CostRate: *costRate,
+		FrameSize: *size, Tolerance: 0.001, Settle: 150 * time.Millisecond,
+		Packet: *packet, TCP: *tcp, TCPServices: []int{1, 10000}, TCPDuration: 3 * time.Second, TCPConcurrency: 8,
+		Self: self, Pktgen: *pktgenBin, IPTablesRestore: *iptables, Profile: *profile, Verbose: *verbose, Nice: *nice,
+	}
+	svc := "1,1000,10000,100000"
+	if *quick {
+		svc = "1,10000"
+		cfg.Trial, cfg.CostRuns, cfg.SearchTrials, cfg.CurvePoints = 500*time.Millisecond, 3, 5, 0
+		cfg.TCPServices, cfg.TCPDuration = []int{1}, 2*time.Second
+	}
+	if *services != "" {
+		svc = *services
+	}
+	if *trial > 0 {
+		cfg.Trial = *trial
+	}
+	if cfg.Services, err = ints(svc); err != nil {
+		return err
+	}
+	if cfg.Flows, err = ints(*flows); err != nil {
+		return err
+	}
+	dir := filepath.Join(*out, time.Now().UTC().Format("2006-01-02T15-04"))
+	if *quick {
+		dir += "-quick"
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	cfg.OutDir = dir
+	r, runErr := runner.Run(cfg)
+	if r == nil {
+		return runErr
+	}
+	r.Command = strings.Join(os.Args, " ")
+	if runErr != nil {
+		r.Notes = append(r.Notes, "the run stopped early: "+runErr.Error())
+	}
+	if r.Profile != "" {
+		top, err := exec.Command("go", "tool", "pprof", "-top", "-nodecount=25", self, filepath.Join(dir, r.Profile)).Output()
+		if err == nil {
+			r.ProfileTop = string(top)
+		}
+	}
+	r.Notes = append(r.Notes, notes(r)...)
+	if err := report.WriteCSV(dir, r); err != nil {
+		return err
+	}
+	plots, err := report.WritePlots(dir, r)
+	if err != nil {
+		return err
+	}
+	if err := report.WriteMarkdown(dir, r, plots); err != nil {
+		return err
+	}
+	fmt.Println("results in", dir)
+	return runErr
+}
+
+// notes are the standing caveats of a run on this kind of machine.
+func notes(r *report.Run) []string {
+	return []string{
+		"Trials are short (" + r.Trial + ") compared with RFC 2544's 60 s; each zero-loss figure is one bisection, each cost figure the median of several runs in the same run.",
+		"The generator shares its CPU with the sink's receive work; its AF_XDP ceiling caps every zero-loss search, so paths that reach it are marked 'generator limit' and compared by cost instead.",
+		"Cost per packet (threads) is the run time of the node's NAPI kthreads (pinned to the forwarding CPU) plus, for xdproxy, every thread of its process, divided by packets that reached the sink; it is not disturbed by other work on the machine. The CPU column is /proc/stat busy time of the forwarding CPU per packet and includes whatever else ran there.",
+		"Kernel paths: GRO is on for n0/n1 so that receive work runs in their (threaded, pinned) NAPI instances; TSO is off on g0/s0 for every variant (an XDP program on the peer turns it off anyway).",
+		"Many-flow runs cycle through the flows over and over (after a warm-up that sends each once), so most packets hit established connection-tracking entries in both the kernel and xdproxy; new-connection cost is what the TCP test measures.",
+	}
+}
+
+func dataplaneCmd(args []string) error {
+	fs := flag.NewFlagSet("dataplane", flag.ExitOnError)
+	services := fs.Int("services", 1, "number of services")
+	proto := fs.String("proto", "udp", "udp or tcp")
+	cpu := fs.Int("cpu", -1, "worker CPU")
+	prof := fs.String("cpuprofile", "", "write a CPU profile here")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	return runner.RunDataplane(runner.DataplaneOptions{Services: *services, Proto: kernelrules.Proto(*proto), CPU: *cpu, CPUProfile: *prof})
+}
+
+func tcpServerCmd(args []string) error {
+	fs := flag.NewFlagSet("tcp-server", flag.ExitOnError)
+	listen := fs.String("listen", "", "comma-separated host:port list")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	return runner.ServeTCP(strings.Split(*listen, ","))
+}
+
+func tcpClientCmd(args []string) error {
+	fs := flag.NewFlagSet("tcp-client", flag.ExitOnError)
+	target := fs.String("target", "", "host:port")
+	d := fs.Duration("duration", 2*time.Second, "how long")
+	c := fs.Int("concurrency", 8, "parallel connection loops")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	return runner.ClientTCP(tcpbench.Options{Target: *target, Duration: *d, Concurrency: *c})
+}

@@ -1,0 +1,264 @@
+package runner
+
+import (
+	"errors"
+	"fmt"
+	"log"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/xdproxy/xdproxy/bench/kernelrules"
+	"github.com/xdproxy/xdproxy/bench/report"
+	"github.com/xdproxy/xdproxy/bench/search"
+	"github.com/xdproxy/xdproxy/bench/topo"
+)
+
+// Config of a benchmark run.
+type Config struct {
+	Quick bool
+	Plan  topo.Plan
+	// Services are the service counts of the kernel-rule and xdproxy
+	// paths; Flows the flow counts (the first is used for the paths
+	// measured with one flow count only).
+	Services []int
+	Flows    []int
+	// Trial is the length of one trial; CostRuns how many cost runs make
+	// the median; SearchTrials caps the zero-loss search; CostRate is the
+	// rate of the cost runs (0: half the generator's ceiling, at most
+	// 200 kpps).
+	Trial        time.Duration
+	CostRuns     int
+	SearchTrials int
+	CostRate     float64
+	CurvePoints  int // extra evenly spaced curve points beyond the search's
+	FrameSize    int
+	Tolerance    float64
+	Settle       time.Duration
+	// Packet runs the packet-rate variants; TCP the connection test.
+	Packet         bool
+	TCP            bool
+	TCPServices    []int
+	TCPDuration    time.Duration
+	TCPConcurrency int
+	// Binaries: Self is this program (for the dataplane, tcp-server and
+	// tcp-client subcommands), Pktgen the generator.
+	Self, Pktgen    string
+	IPTablesRestore string
+	// Profile writes a CPU profile of xdproxy for the variant with the
+	// most services and the most flows into the results directory.
+	Profile bool
+	OutDir  string
+	Log     *log.Logger
+	// Nice is the nice value of every thread the benchmark runs or
+	// pins (generator, NAPI kthreads, xdproxy), so that other work on a
+	// shared machine disturbs all paths less and equally.
+	Nice int
+	// Verbose logs every trial.
+	Verbose bool
+
+	profileNext string
+}
+
+// variant is one packet-rate measurement to make.
+type variant struct {
+	path     string
+	services int
+	flows    int
+}
+
+func (c *Config) variants() []variant {
+	many := c.Flows[len(c.Flows)-1]
+	vs := []variant{{report.PathLimit, 0, 1}, {report.PathKernel, 0, many}}
+	for _, s := range c.Services {
+		vs = append(vs, variant{report.PathIPTables, s, many})
+	}
+	for _, p := range []string{report.PathNFTables, report.PathXDProxy} {
+		for _, f := range c.Flows {
+			for i, s := range c.Services {
+				// In the quick run the kernel's single-flow case is
+				// measured at the smallest service count only.
+				if p == report.PathNFTables && f != many && c.Quick && i > 0 {
+					continue
+				}
+				vs = append(vs, variant{p, s, f})
+			}
+		}
+	}
+	return vs
+}
+
+// Run measures everything and returns the results; the caller writes them.
+func Run(cfg *Config) (*report.Run, error) {
+	if cfg.Log == nil {
+		cfg.Log = log.New(os.Stderr, "", log.Ltime)
+	}
+	if len(cfg.Services) == 0 || len(cfg.Flows) == 0 {
+		return nil, errors.New("runner: need service and flow counts")
+	}
+	r := &report.Run{
+		Started: time.Now(), Quick: cfg.Quick, CPUs: runtime.NumCPU(), GenCPU: cfg.Plan.GenCPU, FwdCPU: cfg.Plan.ForwardCPU,
+		FrameSize: cfg.FrameSize, Trial: cfg.Trial.String(), Tolerance: cfg.Tolerance,
+		XDProxy: "the dataplane engine (package dataplane) in its own process in the node namespace, workers pinned to the forwarding CPU, AF_XDP copy mode, 64-frame batches, conntrack capacity 1M",
+		Clients: fmt.Sprintf("pods: every source is inside the cluster CIDR %v, so neither kube-proxy's rules nor xdproxy masquerade", topo.PodCIDR),
+	}
+	r.Kernel = strings.TrimSpace(cmdOut("uname", "-r"))
+	r.LoadAvg = strings.Join(strings.Fields(readFile("/proc/loadavg"))[:3], " ")
+	r.IPTables = strings.TrimSpace(cmdOut(cfg.IPTablesRestore, "--version"))
+	r.NFT = strings.TrimSpace(cmdOut("nft", "--version"))
+
+	var vs []variant
+	if cfg.Packet {
+		vs = cfg.variants()
+	}
+	var ceiling float64
+	for i, v := range vs {
+		if cfg.Profile && v.path == report.PathXDProxy && v.services == cfg.Services[len(cfg.Services)-1] && v.flows == cfg.Flows[len(cfg.Flows)-1] {
+			r.Profile = "xdproxy.cpu.pprof"
+			cfg.profileNext = filepath.Join(cfg.OutDir, r.Profile)
+		}
+		cfg.Log.Printf("[%d/%d] %s, %d services, %d flows", i+1, len(vs), v.path, v.services, v.flows)
+		res, gens, err := runPacket(cfg, v, ceiling)
+		if err != nil {
+			err = fmt.Errorf("%s, %d services, %d flows: %w", v.path, v.services, v.flows, err)
+			if v.path == report.PathLimit {
+				return r, err // without the generator's ceiling nothing else can run
+			}
+			cfg.Log.Printf("    FAILED: %v", err)
+			r.Notes = append(r.Notes, "not measured: "+err.Error())
+			continue
+		}
+		if v.path == report.PathLimit {
+			r.Generators = gens
+			for _, g := range gens {
+				if g.Mode == "afxdp" {
+					ceiling = g.Pps
+				}
+			}
+		}
+		cfg.Log.Printf("    zero-loss %.0f pps (at generator limit: %v), cost %.0f ns/pkt (cpu %.0f), setup %v",
+			res.ZeroLoss, res.AtGenLimit, res.CostNs, res.CPUNs, res.Setup.Round(time.Millisecond))
+		r.Packet = append(r.Packet, res)
+	}
+	if cfg.TCP {
+		for _, s := range cfg.TCPServices {
+			for _, p := range []string{report.PathIPTables, report.PathNFTables, report.PathXDProxy} {
+				cfg.Log.Printf("TCP: %s, %d services", p, s)
+				t, err := runTCP(cfg, p, s)
+				if err != nil {
+					err = fmt.Errorf("TCP %s, %d services: %w", p, s, err)
+					cfg.Log.Printf("    FAILED: %v", err)
+					r.Notes = append(r.Notes, "not measured: "+err.Error())
+					continue
+				}
+				cfg.Log.Printf("    %.0f conn/s, p50 %v p99 %v, %.1f us/conn forwarding, %d errors", t.CPS, t.P50, t.P99, t.CostUs, t.Errors)
+				r.TCP = append(r.TCP, t)
+			}
+		}
+	}
+	r.Duration = time.Since(r.Started)
+	return r, nil
+}
+
+func cmdOut(name string, args ...string) string {
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		return "unknown (" + err.Error() + ")"
+	}
+	return string(out)
+}
+
+func readFile(p string) string {
+	b, _ := os.ReadFile(p)
+	return string(b) + "  -  -  -"
+}
+
+// runPacket measures one variant. ceiling is the generator's AF_XDP
+// ceiling (0 before the limit variant has measured it).
+func runPacket(cfg *Config, v variant, ceiling float64) (res report.Packet, gens []report.Generator, err error) {
+	res = report.Packet{Path: v.path, Services: v.services, Flows: v.flows}
+	e, err := newEnv(cfg, v.path, v.services, v.flows, kernelrules.UDP)
+	if err != nil {
+		return res, nil, err
+	}
+	defer func() { err = errors.Join(err, e.close()) }()
+	res.Setup = e.setup
+
+	if v.path == report.PathLimit {
+		// The generators' own ceilings, straight into the XDP_DROP sink
+		// on the forwarding CPU.
+		m, err := e.trial("afxdp", 0, cfg.Trial, v.flows)
+		if err != nil {
+			return res, nil, err
+		}
+		gens = append(gens, report.Generator{Mode: "afxdp", Pps: m.point.Sent, Into: "XDP_DROP sink on n0 (forwarding CPU)"})
+		ceiling = m.point.Sent
+		cfg.Log.Printf("    generator ceiling afxdp %.0f pps (received %.0f)", m.point.Sent, m.point.Received)
+		pm, err := e.trial("prog-run", 0, cfg.Trial, v.flows)
+		if err != nil {
+			cfg.Log.Printf("    prog-run generator failed: %v", err)
+		} else {
+			gens = append(gens, report.Generator{Mode: "prog-run (bursty)", Pps: pm.point.Sent, Into: fmt.Sprintf("XDP_DROP sink on n0 (received %.0f pps, loss %.1f%%, %.0f ns/pkt)", pm.point.Received, pm.point.Loss()*100, pm.costNs)})
+			cfg.Log.Printf("    generator ceiling prog-run %.0f pps (received %.0f, %.0f ns/pkt)", pm.point.Sent, pm.point.Received, pm.costNs)
+			res.Note = fmt.Sprintf("fed with AF_XDP-sent skbs, which a veth must copy into an XDP buffer; fed with XDP frames (prog-run) the same sink dropped %.0f pps at %.0f ns/pkt", pm.point.Received, pm.costNs)
+		}
+	}
+	if ceiling <= 0 {
+		return res, gens, errors.New("no generator ceiling measured")
+	}
+	// Warm up: conntrack and caches see every flow once, and a path that
+	// delivers nothing fails here rather than after a search.
+	warm := max(float64(v.flows)/(cfg.Trial.Seconds()*0.9), 50_000)
+	wm, err := e.trial("afxdp", min(warm, 0.5*ceiling), cfg.Trial, v.flows)
+	if err != nil {
+		return res, gens, err
+	}
+	if wm.recvPkt == 0 {
+		return res, gens, fmt.Errorf("warm-up: %d sent, nothing arrived at the sink", wm.genRes.Sent)
+	}
+	costRate := cfg.CostRate
+	if costRate <= 0 {
+		costRate = min(200_000, 0.5*ceiling)
+	}
+	res.CostRate = costRate
+	var costs, cpus, losses []float64
+	for range cfg.CostRuns {
+		m, err := e.trial("afxdp", costRate, cfg.Trial, v.flows)
+		if err != nil {
+			return res, gens, err
+		}
+		costs = append(costs, m.costNs)
+		cpus = append(cpus, m.cpuNs)
+		losses = append(losses, m.point.Loss())
+	}
+	res.CostRuns, res.CostNs, res.CPUNs, res.CostLoss = costs, search.Median(costs), search.Median(cpus), search.Median(losses)
+
+	sr, err := search.ZeroLoss(search.Options{
+		Max: 0.97 * ceiling, Min: 10_000, LossTolerance: cfg.Tolerance, Resolution: 0.05, MaxTrials: cfg.SearchTrials,
+	}, func(rate float64) (search.Point, error) {
+		m, err := e.trial("afxdp", rate, cfg.Trial, v.flows)
+		return m.point, err
+	})
+	if err != nil {
+		return res, gens, err
+	}
+	res.ZeroLoss, res.AtGenLimit, res.Curve = sr.Throughput, sr.AtMax, sr.Points
+	if cfg.CurvePoints > 0 {
+		var rates []float64
+		for i := 1; i <= cfg.CurvePoints; i++ {
+			rates = append(rates, 0.97*ceiling*float64(i)/float64(cfg.CurvePoints))
+		}
+		pts, err := search.Curve(rates, func(rate float64) (search.Point, error) {
+			m, err := e.trial("afxdp", rate, cfg.Trial, v.flows)
+			return m.point, err
+		})
+		if err != nil {
+			return res, gens, err
+		}
+		res.Curve = append(res.Curve, pts...)
+	}
+	return res, gens, nil
+}

@@ -1,0 +1,139 @@
+package runner
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/xdproxy/xdproxy/bench/kernelrules"
+	"github.com/xdproxy/xdproxy/bench/report"
+	"github.com/xdproxy/xdproxy/bench/tcpbench"
+	"github.com/xdproxy/xdproxy/bench/topo"
+)
+
+// ServeTCP listens on every address and serves tcpbench requests until
+// SIGTERM; it prints ReadyLine once listening.
+func ServeTCP(addrs []string) error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	errc := make(chan error, len(addrs))
+	for _, a := range addrs {
+		ln, err := net.Listen("tcp", a)
+		if err != nil {
+			return err
+		}
+		go func() { errc <- tcpbench.Serve(ctx, ln) }()
+	}
+	fmt.Println(ReadyLine)
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-errc:
+		return err
+	}
+}
+
+// ClientTCP runs tcpbench.Run and prints its result as JSON.
+func ClientTCP(o tcpbench.Options) error {
+	r, err := tcpbench.Run(context.Background(), o)
+	if err != nil {
+		return err
+	}
+	return json.NewEncoder(os.Stdout).Encode(r)
+}
+
+// runTCP measures connections per second and latency through the VIP of
+// the last of services TCP services on path, with the server in the sink
+// namespace and the client in the generator namespace, both on the
+// generator CPU.
+func runTCP(cfg *Config, path string, services int) (res report.TCP, err error) {
+	res = report.TCP{Path: path, Services: services, Concurrency: cfg.TCPConcurrency, Bucket: tcpbench.HistogramBucket}
+	e, err := newEnv(cfg, path, services, 1, kernelrules.TCP)
+	if err != nil {
+		return res, err
+	}
+	defer func() { err = errors.Join(err, e.close()) }()
+	if _, err := e.t.Exec(e.t.Gen, "sysctl", "-q", "-w", "net.ipv4.ip_local_port_range=1024 65535"); err != nil {
+		return res, err
+	}
+	cpu := strconv.Itoa(cfg.Plan.GenCPU)
+	var listen []string
+	for _, a := range topo.SinkAddrs {
+		listen = append(listen, netip.AddrPortFrom(a, TCPEndpointPort).String())
+	}
+	srv := exec.Command("ip", "netns", "exec", e.t.Sink, "taskset", "-c", cpu, cfg.Self, "tcp-server", "--listen", strings.Join(listen, ","))
+	var srvErr bytes.Buffer
+	srv.Stderr = &srvErr
+	out, err := srv.StdoutPipe()
+	if err != nil {
+		return res, err
+	}
+	if err := srv.Start(); err != nil {
+		return res, err
+	}
+	e.closers = append(e.closers, func() error {
+		_ = srv.Process.Signal(syscall.SIGTERM)
+		_ = srv.Wait()
+		return nil
+	})
+	line, _ := bufio.NewReader(out).ReadString('\n')
+	if !strings.HasPrefix(line, ReadyLine) {
+		return res, fmt.Errorf("tcp-server did not start: %s", srvErr.String())
+	}
+	target := netip.AddrPortFrom(e.dst, e.dport).String()
+	client := func(d time.Duration) (tcpbench.Result, error) {
+		cmd := exec.Command("ip", "netns", "exec", e.t.Gen, "taskset", "-c", cpu, cfg.Self, "tcp-client",
+			"--target", target, "--duration", d.String(), "--concurrency", strconv.Itoa(cfg.TCPConcurrency))
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		b, err := cmd.Output()
+		if err != nil {
+			return tcpbench.Result{}, fmt.Errorf("tcp-client: %w: %s", err, stderr.String())
+		}
+		var r tcpbench.Result
+		return r, json.Unmarshal(b, &r)
+	}
+	warm, err := client(300 * time.Millisecond)
+	if err != nil {
+		return res, err
+	}
+	if warm.Connections == 0 {
+		if c := e.stopXDProxy(); c != "" {
+			return res, fmt.Errorf("no connection through %s completed in the 300ms warm-up (%d errors, first: %q); %s", target, warm.Errors, warm.FirstErr, c)
+		}
+		return res, fmt.Errorf("no connection through %s completed in the 300ms warm-up (%d errors, first: %q)", target, warm.Errors, warm.FirstErr)
+	}
+	p0, err := e.probe.Read()
+	if err != nil {
+		return res, err
+	}
+	r, err := client(cfg.TCPDuration)
+	if err != nil {
+		return res, err
+	}
+	p1, err := e.probe.Read()
+	if err != nil {
+		return res, err
+	}
+	res.CPS, res.Connections, res.Errors = r.CPS, r.Connections, r.Errors
+	res.P50, res.P90, res.P99, res.Histogram = r.P50, r.P90, r.P99, r.Histogram
+	if r.Connections > 0 {
+		res.CostUs = float64(p1-p0) / float64(time.Microsecond) / float64(r.Connections)
+	}
+	if r.FirstErr != "" {
+		res.Note = "first error: " + r.FirstErr
+	}
+	return res, nil
+}
