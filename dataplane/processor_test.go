@@ -348,3 +348,23 @@ func TestProcessAllocs(t *testing.T) {
 		t.Errorf("new-flow path: %v allocs per packet", n)
 	}
 }
+
+// TestNewRepliesForXDP: a DNAT-only flow's reply tuple is handed to the
+// worker for the XDP flow map; a masqueraded flow's is not (its replies
+// come to a SNAT port).
+func TestNewRepliesForXDP(t *testing.T) {
+	h := newHarness(t, testModel(), 4096)
+	f := frame(t, packet.ProtoTCP, podA, addr("198.19.0.10"), 46000, 80, packet.TCPSyn, nil)
+	v := h.proc.Process(f, 1)
+	var out packet.Packet
+	packet.Parse(f[:v.Len], &out)
+	if len(h.proc.NewReplies) != 1 || h.proc.NewReplies[0] != out.Tuple().Reverse() {
+		t.Fatalf("NewReplies %v, want the reply of %v", h.proc.NewReplies, out.Tuple())
+	}
+	h.proc.NewReplies = h.proc.NewReplies[:0]
+	f = frame(t, packet.ProtoTCP, outside, addr("198.19.0.10"), 46001, 80, packet.TCPSyn, nil)
+	h.proc.Process(f, 1)
+	if len(h.proc.NewReplies) != 0 {
+		t.Fatalf("masqueraded flow published a reply tuple: %v", h.proc.NewReplies)
+	}
+}

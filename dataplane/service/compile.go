@@ -91,7 +91,7 @@ func CompileFrom(prev *Table, m *Model, opts CompileOptions) *Table {
 		t.problems = append(t.problems, fmt.Sprintf("Maglev table size %d is not a prime; using %d", maglevSize, maglev.DefaultSize))
 		maglevSize = 0
 	}
-	if prev != nil && prev.settings.same(&m.Node, &opts, maglevSize) {
+	if prev != nil && prev.settings != nil && prev.settings.same(&m.Node, &opts, maglevSize) {
 		t.settings = prev.settings
 	} else {
 		prev = nil
@@ -105,7 +105,7 @@ func CompileFrom(prev *Table, m *Model, opts CompileOptions) *Table {
 	// Match each port with its compiled form in prev, and size the
 	// arenas for the ports that must be compiled.
 	from := make([]int32, len(order)) // index into prev.ports, or -1
-	nFrontends, nEndpoints, nCompiled := 0, 0, 0
+	nFrontends, nEndpoints := 0, 0
 	j := 0
 	for i, mi := range order {
 		sp := &m.Ports[mi]
@@ -121,7 +121,6 @@ func CompileFrom(prev *Table, m *Model, opts CompileOptions) *Table {
 		}
 		if from[i] < 0 {
 			nEndpoints += len(sp.Endpoints)
-			nCompiled++
 		}
 	}
 	// Cluster and local lists together hold each endpoint at most twice.
@@ -219,7 +218,9 @@ func comparePorts(a *PortName, pa packet.Proto, b *PortName, pb packet.Proto) in
 // match finds the compiled port of t that sp may take over: same name,
 // protocol and non-zero revision. Ports arrive in t's order, so the search
 // starts at from, where the previous one ended; match returns the index
-// (-1 when there is none) and where the next search starts.
+// (-1 when there is none) and where the next search starts. A port of t
+// is matched at most once, even when a malformed model lists a name
+// twice, so that the backend index counts each port once.
 func (t *Table) match(sp *ServicePort, from int) (int, int) {
 	ports := t.ports
 	// Skip ports that sort before sp: they are gone from the model.
@@ -229,11 +230,9 @@ func (t *Table) match(sp *ServicePort, from int) (int, int) {
 	if sp.Revision == 0 {
 		return -1, from
 	}
-	// A malformed model may list one name twice; any of the equal names
-	// with the same revision will do.
 	for k := from; k < len(ports) && ports[k].Name == sp.Name && ports[k].Proto == sp.Proto; k++ {
 		if ports[k].Revision == sp.Revision {
-			return k, from
+			return k, k + 1
 		}
 	}
 	return -1, from
