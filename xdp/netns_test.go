@@ -16,7 +16,10 @@ import (
 func requireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces and loads BPF programs")
+		if testing.Short() {
+			t.Skip("needs root: creates network namespaces and loads BPF programs")
+		}
+		t.Fatal("needs root: creates network namespaces and loads BPF programs; make test runs as root")
 	}
 }
 

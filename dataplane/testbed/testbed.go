@@ -143,12 +143,16 @@ func New(opts Options) (*Testbed, error) {
 	return tb, nil
 }
 
-// NewForTest builds a Testbed and closes it when the test ends. It skips the
-// test when not run as root, and fails it when the topology cannot be built.
+// NewForTest builds a Testbed and closes it when the test ends. Without
+// root it fails the test (skips it under -short), and it fails it when the
+// topology cannot be built.
 func NewForTest(t testing.TB, opts Options) *Testbed {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("testbed needs root (network namespaces)")
+		if testing.Short() {
+			t.Skip("testbed needs root (network namespaces)")
+		}
+		t.Fatal("testbed needs root (network namespaces); make test runs as root")
 	}
 	tb, err := New(opts)
 	if err != nil {

@@ -49,7 +49,10 @@ func run(t testing.TB, args ...string) {
 func newEnv(t testing.TB, queues int) *testEnv {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root for network namespaces and AF_XDP")
+		if testing.Short() {
+			t.Skip("needs root for network namespaces and AF_XDP")
+		}
+		t.Fatal("needs root for network namespaces and AF_XDP; make test runs as root")
 	}
 	var rnd [4]byte
 	rand.Read(rnd[:])
