@@ -62,6 +62,7 @@ func (c *Counters) add(b *batchCounters) {
 // Snapshot is a plain copy of Counters.
 type Snapshot struct {
 	RxFrames, Forwarded, Replied, TxFrames, Copied, NewFlows, Wakeups, Batches uint64
+	FlowPublishErrors                                                          uint64
 	ByReason                                                                   map[string]uint64
 }
 
@@ -70,7 +71,8 @@ func (c *Counters) Snapshot() Snapshot {
 	s := Snapshot{
 		RxFrames: c.RxFrames.Load(), Forwarded: c.Forwarded.Load(), Replied: c.Replied.Load(),
 		TxFrames: c.TxFrames.Load(), Copied: c.Copied.Load(), NewFlows: c.NewFlows.Load(),
-		Wakeups: c.Wakeups.Load(), Batches: c.Batches.Load(), ByReason: map[string]uint64{},
+		Wakeups: c.Wakeups.Load(), Batches: c.Batches.Load(), FlowPublishErrors: c.FlowPublishErrors.Load(),
+		ByReason: map[string]uint64{},
 	}
 	for i := range c.ByReason {
 		if v := c.ByReason[i].Load(); v != 0 {
@@ -90,6 +92,7 @@ func (s *Snapshot) Add(o Snapshot) {
 	s.NewFlows += o.NewFlows
 	s.Wakeups += o.Wakeups
 	s.Batches += o.Batches
+	s.FlowPublishErrors += o.FlowPublishErrors
 	if s.ByReason == nil {
 		s.ByReason = map[string]uint64{}
 	}

@@ -341,27 +341,30 @@ const reconcileInterval = 10 * time.Second
 func (e *Engine) reconcileFlows() {
 	t := time.NewTicker(reconcileInterval)
 	defer t.Stop()
-	var stale []xdp.FlowKey
 	for {
 		select {
 		case <-e.stopReconcile:
 			return
 		case <-t.C:
 		}
-		now := monotonicNow()
-		stale = stale[:0]
-		err := e.objs.ForEachFlow(func(k xdp.FlowKey) bool {
-			tu := packet.Tuple{Src: k.Src, Dst: k.Dst, SrcPort: k.SrcPort, DstPort: k.DstPort, Proto: k.Proto}
-			if _, _, ok := e.ct.Lookup(tu, now); !ok {
-				stale = append(stale, k)
-			}
-			return true
-		})
-		if err == nil && len(stale) > 0 {
-			err = e.objs.DeleteFlows(stale)
-		}
-		if err != nil {
+		if _, err := e.reconcileOnce(); err != nil {
 			e.log.Warn("reconciling the XDP flow map", "err", err)
 		}
 	}
+}
+
+// reconcileOnce makes one pass and returns how many tuples it removed.
+func (e *Engine) reconcileOnce() (int, error) {
+	now := monotonicNow()
+	var stale []xdp.FlowKey
+	err := e.objs.ForEachFlow(func(k xdp.FlowKey) bool {
+		if _, _, ok := e.ct.Lookup(packet.Tuple(k), now); !ok {
+			stale = append(stale, k)
+		}
+		return true
+	})
+	if err == nil && len(stale) > 0 {
+		err = e.objs.DeleteFlows(stale)
+	}
+	return len(stale), err
 }

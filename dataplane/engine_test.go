@@ -90,6 +90,11 @@ func TestEngineForwardsHTTP(t *testing.T) {
 		hits[strings.TrimSpace(string(b))]++
 	}
 	t.Logf("hits: %v", hits)
+	// The flows just made are all still tracked: reconciling the XDP flow
+	// map must keep every one of their reply tuples.
+	if n, err := e.reconcileOnce(); err != nil || n != 0 {
+		t.Fatalf("reconcile removed %d live flows (err %v)", n, err)
+	}
 	if len(hits) != 3 {
 		t.Fatalf("requests reached %d backends, want 3: %v", len(hits), hits)
 	}

@@ -39,6 +39,27 @@ type env struct {
 	dsts    int
 	dport   uint16
 	closers []func() error
+	set     kernelrules.ServiceSet
+	limit   bool
+}
+
+// aim points the generator: at the node itself for the limit (its sink
+// drops everything), at the sink without services, else at the services.
+// Many flows are spread over min(flows, services, 65536) cluster IPs; a
+// single flow goes to the last service.
+func (e *env) aim(services, flows int) {
+	e.dst, e.dsts, e.dport = topo.SinkAddrs[0], 1, UDPEndpointPort
+	if e.set.Proto == kernelrules.TCP {
+		e.dport = TCPEndpointPort
+	}
+	switch {
+	case e.limit:
+		e.dst = topo.NodeInAddr
+	case services > 0 && flows == 1:
+		e.dst, e.dport = e.set.VIP(services-1), e.set.Port(services-1)
+	case services > 0:
+		e.dst, e.dsts, e.dport = e.set.VIP(0), min(flows, services, 65536), e.set.Port(0)
+	}
 }
 
 // stopXDProxy stops the dataplane process and returns the counters it
@@ -113,7 +134,7 @@ func (e *env) threaded(ns, iface string, cpu int) ([]int, error) {
 // the generator's destinations are spread over min(flows, services,
 // 65536) cluster IPs; a single flow goes to the last service.
 func newEnv(cfg *Config, path string, services, flows int, proto kernelrules.Proto) (_ *env, err error) {
-	e := &env{cfg: cfg}
+	e := &env{cfg: cfg, limit: path == report.PathLimit}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, e.close())
@@ -133,22 +154,12 @@ func newEnv(cfg *Config, path string, services, flows int, proto kernelrules.Pro
 		return nil, err
 	}
 	set := Services(max(services, 1), proto)
-	e.dst, e.dsts, e.dport = topo.SinkAddrs[0], 1, UDPEndpointPort
-	if proto == kernelrules.TCP {
-		e.dport = TCPEndpointPort
-	}
-	if services > 0 {
-		if flows == 1 {
-			e.dst, e.dport = set.VIP(services-1), set.Port(services-1)
-		} else {
-			e.dst, e.dsts, e.dport = set.VIP(0), min(flows, services, 65536), set.Port(0)
-		}
-	}
+	e.set = set
+	e.aim(services, flows)
 	var fwdThreads []int
 	start := time.Now()
 	switch path {
 	case report.PathLimit:
-		e.dst = topo.NodeInAddr
 		if fwdThreads, err = e.attachSink(e.t.Node, topo.NodeInIface, fwd); err != nil {
 			return nil, err
 		}

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -57,38 +58,50 @@ type Config struct {
 	// pins (generator, NAPI kthreads, xdproxy), so that other work on a
 	// shared machine disturbs all paths less and equally.
 	Nice int
+	// Only restricts the run to these paths (the limit always runs).
+	Only []string
 	// Verbose logs every trial.
 	Verbose bool
 
 	profileNext string
 }
 
-// variant is one packet-rate measurement to make.
+// variant is one setup (path and service count) and the flow counts
+// measured on it, in order: programming a large ruleset once per setup
+// keeps the run short.
 type variant struct {
 	path     string
 	services int
-	flows    int
+	flows    []int
 }
 
 func (c *Config) variants() []variant {
 	many := c.Flows[len(c.Flows)-1]
-	vs := []variant{{report.PathLimit, 0, 1}, {report.PathKernel, 0, many}}
+	vs := []variant{{report.PathLimit, 0, []int{1}}, {report.PathKernel, 0, []int{many}}}
 	for _, s := range c.Services {
-		vs = append(vs, variant{report.PathIPTables, s, many})
+		vs = append(vs, variant{report.PathIPTables, s, []int{many}})
 	}
 	for _, p := range []string{report.PathNFTables, report.PathXDProxy} {
-		for _, f := range c.Flows {
-			for i, s := range c.Services {
-				// In the quick run the kernel's single-flow case is
-				// measured at the smallest service count only.
-				if p == report.PathNFTables && f != many && c.Quick && i > 0 {
-					continue
-				}
-				vs = append(vs, variant{p, s, f})
+		for i, s := range c.Services {
+			flows := c.Flows
+			// In the quick run the kernel's single-flow case is
+			// measured at the smallest service count only.
+			if p == report.PathNFTables && c.Quick && i > 0 {
+				flows = []int{many}
 			}
+			vs = append(vs, variant{p, s, flows})
 		}
 	}
-	return vs
+	if len(c.Only) == 0 {
+		return vs
+	}
+	var out []variant
+	for _, v := range vs {
+		if v.path == report.PathLimit || slices.Contains(c.Only, v.path) {
+			out = append(out, v)
+		}
+	}
+	return out
 }
 
 // Run measures everything and returns the results; the caller writes them.
@@ -116,22 +129,16 @@ func Run(cfg *Config) (*report.Run, error) {
 	}
 	var ceiling float64
 	for i, v := range vs {
-		if cfg.Profile && v.path == report.PathXDProxy && v.services == cfg.Services[len(cfg.Services)-1] && v.flows == cfg.Flows[len(cfg.Flows)-1] {
+		if cfg.Profile && v.path == report.PathXDProxy && v.services == cfg.Services[len(cfg.Services)-1] {
 			r.Profile = "xdproxy.cpu.pprof"
 			cfg.profileNext = filepath.Join(cfg.OutDir, r.Profile)
 		}
-		cfg.Log.Printf("[%d/%d] %s, %d services, %d flows", i+1, len(vs), v.path, v.services, v.flows)
-		res, gens, err := runPacket(cfg, v, ceiling)
-		if err != nil {
-			err = fmt.Errorf("%s, %d services, %d flows: %w", v.path, v.services, v.flows, err)
-			if v.path == report.PathLimit {
-				return r, err // without the generator's ceiling nothing else can run
-			}
-			cfg.Log.Printf("    FAILED: %v", err)
-			r.Notes = append(r.Notes, "not measured: "+err.Error())
-			continue
-		}
+		cfg.Log.Printf("[%d/%d] %s, %d services, flows %v", i+1, len(vs), v.path, v.services, v.flows)
+		results, gens, err := runPacket(cfg, v, ceiling)
 		if v.path == report.PathLimit {
+			if err != nil {
+				return r, fmt.Errorf("%s: %w", v.path, err) // without the generator's ceiling nothing else can run
+			}
 			r.Generators = gens
 			for _, g := range gens {
 				if g.Mode == "afxdp" {
@@ -139,13 +146,27 @@ func Run(cfg *Config) (*report.Run, error) {
 				}
 			}
 		}
-		cfg.Log.Printf("    zero-loss %.0f pps (at generator limit: %v), cost %.0f ns/pkt (cpu %.0f), setup %v",
-			res.ZeroLoss, res.AtGenLimit, res.CostNs, res.CPUNs, res.Setup.Round(time.Millisecond))
-		r.Packet = append(r.Packet, res)
+		for _, res := range results {
+			cfg.Log.Printf("    %d flows: zero-loss %.0f pps (at generator limit: %v), cost %.0f ns/pkt, setup %v",
+				res.Flows, res.ZeroLoss, res.AtGenLimit, res.CostNs, res.Setup.Round(time.Millisecond))
+			r.Packet = append(r.Packet, res)
+		}
+		if err != nil {
+			if v.path == report.PathXDProxy && r.Profile != "" && cfg.profileNext == "" && len(results) == 0 {
+				r.Profile = "" // the profiled process never ran
+			}
+			cfg.profileNext = ""
+			err = fmt.Errorf("%s, %d services: %w", v.path, v.services, err)
+			cfg.Log.Printf("    FAILED: %v", err)
+			r.Notes = append(r.Notes, "not measured: "+err.Error())
+		}
 	}
 	if cfg.TCP {
 		for _, s := range cfg.TCPServices {
 			for _, p := range []string{report.PathIPTables, report.PathNFTables, report.PathXDProxy} {
+				if len(cfg.Only) > 0 && !slices.Contains(cfg.Only, p) {
+					continue
+				}
 				cfg.Log.Printf("TCP: %s, %d services", p, s)
 				t, err := runTCP(cfg, p, s)
 				if err != nil {
@@ -176,28 +197,46 @@ func readFile(p string) string {
 	return string(b) + "  -  -  -"
 }
 
-// runPacket measures one variant. ceiling is the generator's AF_XDP
-// ceiling (0 before the limit variant has measured it).
-func runPacket(cfg *Config, v variant, ceiling float64) (res report.Packet, gens []report.Generator, err error) {
-	res = report.Packet{Path: v.path, Services: v.services, Flows: v.flows}
-	e, err := newEnv(cfg, v.path, v.services, v.flows, kernelrules.UDP)
+// runPacket sets up one variant and measures each of its flow counts.
+// ceiling is the generator's AF_XDP ceiling (0 before the limit variant
+// has measured it).
+func runPacket(cfg *Config, v variant, ceiling float64) (out []report.Packet, gens []report.Generator, err error) {
+	e, err := newEnv(cfg, v.path, v.services, v.flows[0], kernelrules.UDP)
 	if err != nil {
-		return res, nil, err
+		return nil, nil, err
 	}
 	defer func() { err = errors.Join(err, e.close()) }()
-	res.Setup = e.setup
+	for _, flows := range v.flows {
+		e.aim(v.services, flows)
+		res, g, err := measure(cfg, e, v.path, v.services, flows, ceiling)
+		if err != nil {
+			return out, gens, fmt.Errorf("%d flows: %w", flows, err)
+		}
+		if len(g) > 0 {
+			gens = g
+			ceiling = g[0].Pps
+		}
+		out = append(out, res)
+	}
+	return out, gens, nil
+}
 
-	if v.path == report.PathLimit {
+// measure runs the warm-up, the cost runs and the zero-loss search of one
+// flow count on a live setup.
+func measure(cfg *Config, e *env, path string, services, flows int, ceiling float64) (res report.Packet, gens []report.Generator, err error) {
+	res = report.Packet{Path: path, Services: services, Flows: flows, Setup: e.setup}
+
+	if path == report.PathLimit {
 		// The generators' own ceilings, straight into the XDP_DROP sink
 		// on the forwarding CPU.
-		m, err := e.trial("afxdp", 0, cfg.Trial, v.flows)
+		m, err := e.trial("afxdp", 0, cfg.Trial, flows)
 		if err != nil {
 			return res, nil, err
 		}
 		gens = append(gens, report.Generator{Mode: "afxdp", Pps: m.point.Sent, Into: "XDP_DROP sink on n0 (forwarding CPU)"})
 		ceiling = m.point.Sent
 		cfg.Log.Printf("    generator ceiling afxdp %.0f pps (received %.0f)", m.point.Sent, m.point.Received)
-		pm, err := e.trial("prog-run", 0, cfg.Trial, v.flows)
+		pm, err := e.trial("prog-run", 0, cfg.Trial, flows)
 		if err != nil {
 			cfg.Log.Printf("    prog-run generator failed: %v", err)
 		} else {
@@ -211,8 +250,8 @@ func runPacket(cfg *Config, v variant, ceiling float64) (res report.Packet, gens
 	}
 	// Warm up: conntrack and caches see every flow once, and a path that
 	// delivers nothing fails here rather than after a search.
-	warm := max(float64(v.flows)/(cfg.Trial.Seconds()*0.9), 50_000)
-	wm, err := e.trial("afxdp", min(warm, 0.5*ceiling), cfg.Trial, v.flows)
+	warm := max(float64(flows)/(cfg.Trial.Seconds()*0.9), 50_000)
+	wm, err := e.trial("afxdp", min(warm, 0.5*ceiling), cfg.Trial, flows)
 	if err != nil {
 		return res, gens, err
 	}
@@ -226,7 +265,7 @@ func runPacket(cfg *Config, v variant, ceiling float64) (res report.Packet, gens
 	res.CostRate = costRate
 	var costs, cpus, losses []float64
 	for range cfg.CostRuns {
-		m, err := e.trial("afxdp", costRate, cfg.Trial, v.flows)
+		m, err := e.trial("afxdp", costRate, cfg.Trial, flows)
 		if err != nil {
 			return res, gens, err
 		}
@@ -239,7 +278,7 @@ func runPacket(cfg *Config, v variant, ceiling float64) (res report.Packet, gens
 	sr, err := search.ZeroLoss(search.Options{
 		Max: 0.97 * ceiling, Min: 10_000, LossTolerance: cfg.Tolerance, Resolution: 0.05, MaxTrials: cfg.SearchTrials,
 	}, func(rate float64) (search.Point, error) {
-		m, err := e.trial("afxdp", rate, cfg.Trial, v.flows)
+		m, err := e.trial("afxdp", rate, cfg.Trial, flows)
 		return m.point, err
 	})
 	if err != nil {
@@ -252,7 +291,7 @@ func runPacket(cfg *Config, v variant, ceiling float64) (res report.Packet, gens
 			rates = append(rates, 0.97*ceiling*float64(i)/float64(cfg.CurvePoints))
 		}
 		pts, err := search.Curve(rates, func(rate float64) (search.Point, error) {
-			m, err := e.trial("afxdp", rate, cfg.Trial, v.flows)
+			m, err := e.trial("afxdp", rate, cfg.Trial, flows)
 			return m.point, err
 		})
 		if err != nil {

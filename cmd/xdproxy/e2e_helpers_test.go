@@ -243,7 +243,13 @@ func (a *agent) stop() {
 			a.t.Errorf("xdproxy exited with %v after SIGTERM\n%s", a.exitErr, a.log)
 		}
 	case <-time.After(10 * time.Second):
-		_ = a.cmd.Process.Kill()
+		// Ask the Go runtime for every goroutine's stack before killing.
+		_ = a.cmd.Process.Signal(syscall.SIGQUIT)
+		select {
+		case <-a.exited:
+		case <-time.After(3 * time.Second):
+			_ = a.cmd.Process.Kill()
+		}
 		a.t.Errorf("xdproxy did not stop within 10s of SIGTERM\n%s", a.log)
 	}
 }

@@ -2,6 +2,8 @@ package service
 
 import (
 	"fmt"
+	"runtime"
+	"slices"
 	"testing"
 
 	"github.com/xdproxy/xdproxy/dataplane/packet"
@@ -90,6 +92,64 @@ func BenchmarkCompile(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			_ = Compile(mm, CompileOptions{})
+		}
+	})
+}
+
+// heapInUse returns the live heap after a full collection.
+func heapInUse() uint64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+// BenchmarkCompileScale is the scale: 10,000 services of 10
+// endpoints each (100,000 endpoints), compiled from scratch ("full") and
+// from the previous table after one service's endpoints changed
+// ("one-changed"), as a source with revisions publishes it. table-MB is
+// the live heap the compiled table holds (the model excluded).
+func BenchmarkCompileScale(b *testing.B) {
+	m := bigModel(10_000, 10, Random)
+	for i := range m.Ports {
+		m.Ports[i].Revision = NewRevision()
+	}
+	b.Run("full", func(b *testing.B) {
+		before := heapInUse()
+		tab := Compile(m, CompileOptions{})
+		size := heapInUse() - before
+		runtime.KeepAlive(tab)
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = Compile(m, CompileOptions{})
+		}
+		b.ReportMetric(float64(size)/(1<<20), "table-MB")
+	})
+	b.Run("one-changed", func(b *testing.B) {
+		// Two versions of the model that differ in one service, whose
+		// last endpoint flips readiness.
+		var versions [2]*Model
+		for v := range versions {
+			versions[v] = &Model{Node: m.Node, Ports: slices.Clone(m.Ports)}
+			sp := &versions[v].Ports[5000]
+			sp.Endpoints = slices.Clone(sp.Endpoints)
+			sp.Endpoints[9].Ready = v == 0
+			sp.Revision = NewRevision()
+		}
+		prev := Compile(versions[0], CompileOptions{})
+		before := heapInUse()
+		next := CompileFrom(prev, versions[1], CompileOptions{})
+		size := heapInUse() - before
+		runtime.KeepAlive(next)
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			i++
+			prev = CompileFrom(prev, versions[i%2], CompileOptions{})
+		}
+		b.ReportMetric(float64(size)/(1<<20), "extra-table-MB")
+		if prev.Lookup(packet.ProtoTCP, clusterIPOf(5000), 80).Backends(false)[0].Port != 8000 {
+			b.Fatal("wrong table")
 		}
 	})
 }

@@ -99,7 +99,13 @@ func CompileFrom(prev *Table, m *Model, opts CompileOptions) *Table {
 	}
 	t.clusterCIDRs, t.nodeAddrs = t.settings.clusterCIDRs, t.settings.nodeAddrs
 
-	order := sortedPorts(m.Ports)
+	var order []int32
+	if prev != nil && prev.sameOrder(m.Ports) {
+		order = prev.order
+	} else {
+		order = sortedPorts(m.Ports)
+	}
+	t.order = order
 	c := compiler{t: t, node: &m.Node, maglevSize: maglevSize}
 
 	// Match each port with its compiled form in prev, and size the
@@ -191,12 +197,12 @@ func (s *settings) isNodeAddr(a *packet.Addr) bool {
 // sortedPorts returns the indexes of ports sorted by name and protocol, so
 // that the outcome, conflicts included, does not depend on the order the
 // source listed them in.
-func sortedPorts(ports []ServicePort) []int {
-	order := make([]int, len(ports))
+func sortedPorts(ports []ServicePort) []int32 {
+	order := make([]int32, len(ports))
 	for i := range order {
-		order[i] = i
+		order[i] = int32(i)
 	}
-	byName := func(a, b int) int {
+	byName := func(a, b int32) int {
 		return comparePorts(&ports[a].Name, ports[a].Proto, &ports[b].Name, ports[b].Proto)
 	}
 	// Sources usually list ports sorted already.
@@ -204,6 +210,23 @@ func sortedPorts(ports []ServicePort) []int {
 		slices.SortFunc(order, byName)
 	}
 	return order
+}
+
+// sameOrder reports whether ports lists the same names as the model t
+// was compiled from, in the same order, so that t's sort order applies.
+// Sources that keep their list stable make this the usual case, and it
+// costs one string comparison per port (often just a pointer comparison,
+// as sources share the strings), far less than sorting.
+func (t *Table) sameOrder(ports []ServicePort) bool {
+	if len(ports) != len(t.order) {
+		return false
+	}
+	for i, mi := range t.order {
+		if ports[mi].Name != t.ports[i].Name || ports[mi].Proto != t.ports[i].Proto {
+			return false
+		}
+	}
+	return true
 }
 
 func comparePorts(a *PortName, pa packet.Proto, b *PortName, pb packet.Proto) int {
@@ -460,7 +483,7 @@ func (c *compiler) finish(p *Port, s *BackendSet, set []Backend) {
 // the same keys and kinds in the same order as prev's, which is the rule
 // when only endpoints changed, prev's index and key lists still hold and
 // are shared; otherwise they are built anew.
-func (c *compiler) allFrontends(prev *Table, m *Model, order []int, n int) {
+func (c *compiler) allFrontends(prev *Table, m *Model, order []int32, n int) {
 	t := c.t
 	t.frontends = make([]Frontend, 0, n)
 	if prev != nil {

@@ -204,6 +204,7 @@ type Table struct {
 	settings   *settings
 
 	ports     []Port
+	order     []int32 // ports[i] was compiled from the model's Ports[order[i]]
 	frontends []Frontend
 	index     keyIndex // frontend keys -> frontends
 	backends  backendIndex

@@ -50,6 +50,13 @@ func main() {
 	}
 }
 
+func splitList(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, ",")
+}
+
 func ints(s string) ([]int, error) {
 	var out []int
 	for _, f := range strings.Split(s, ",") {
@@ -79,6 +86,7 @@ func benchCmd(args []string) error {
 		profile   = fs.Bool("profile", true, "write a CPU profile of xdproxy at the most services and flows")
 		pktgenBin = fs.String("pktgen", "", "xdproxy-pktgen binary (default: next to this one)")
 		nice      = fs.Int("nice", -10, "nice value of the generator, the forwarding threads and xdproxy")
+		only      = fs.String("only", "", "measure only these paths (comma-separated; the limit always runs first)")
 		verbose   = fs.Bool("v", false, "log every trial")
 		iptables  = fs.String("iptables-restore", "iptables-restore", "iptables-restore binary (iptables-legacy-restore for the legacy backend)")
 	)
@@ -112,6 +120,7 @@ func benchCmd(args []string) error {
 		FrameSize: *size, Tolerance: 0.001, Settle: 150 * time.Millisecond,
 		Packet: *packet, TCP: *tcp, TCPServices: []int{1, 10000}, TCPDuration: 3 * time.Second, TCPConcurrency: 8,
 		Self: self, Pktgen: *pktgenBin, IPTablesRestore: *iptables, Profile: *profile, Verbose: *verbose, Nice: *nice,
+		Only: splitList(*only),
 	}
 	svc := "1,1000,10000,100000"
 	if *quick {
