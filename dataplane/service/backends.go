@@ -40,7 +40,7 @@ func shardSlots(n int) int {
 }
 
 // newBackendIndex indexes the endpoint keys of all ports.
-func newBackendIndex(ports []Port) backendIndex {
+func newBackendIndex(ports []*Port) backendIndex {
 	n := 0
 	for i := range ports {
 		n += len(ports[i].endpointKeys)
@@ -136,7 +136,7 @@ type keyDelta struct {
 // It copies the shards it changes and shares the rest with prev. It
 // reports false, leaving b as it was, when so much changed that building
 // the index afresh is as cheap and sizes the shards better.
-func (b *backendIndex) update(prev *backendIndex, prevPorts []Port, from []int32, ports []Port) bool {
+func (b *backendIndex) update(prev *backendIndex, prevPorts []*Port, from []int32, ports []*Port) bool {
 	kept := make([]bool, len(prevPorts))
 	changed := 0
 	for i, k := range from {

@@ -111,6 +111,7 @@ func CompileFrom(prev *Table, m *Model, opts CompileOptions) *Table {
 	// Match each port with its compiled form in prev, and size the
 	// arenas for the ports that must be compiled.
 	from := make([]int32, len(order)) // index into prev.ports, or -1
+	var compiled []int32              // the ports not taken from prev
 	nFrontends, nEndpoints := 0, 0
 	j := 0
 	for i, mi := range order {
@@ -127,24 +128,30 @@ func CompileFrom(prev *Table, m *Model, opts CompileOptions) *Table {
 		}
 		if from[i] < 0 {
 			nEndpoints += len(sp.Endpoints)
+			compiled = append(compiled, int32(i))
 		}
 	}
 	// Cluster and local lists together hold each endpoint at most twice.
 	c.arena = make([]Backend, 0, 2*nEndpoints)
 	c.keys = make([]Key, 0, nEndpoints)
 
-	t.ports = make([]Port, len(order))
+	t.ports = make([]*Port, len(order))
+	fresh := make([]Port, len(compiled))
 	for i, mi := range order {
-		p := &t.ports[i]
 		if k := from[i]; k >= 0 {
-			*p = prev.ports[k]
+			t.ports[i] = prev.ports[k]
 		} else {
+			p := &fresh[0]
+			fresh = fresh[1:]
 			c.port(p, &m.Ports[mi])
+			t.ports[i] = p
 		}
-		t.problems = append(t.problems, p.problems...)
+		t.problems = append(t.problems, t.ports[i].problems...)
 	}
 
-	c.allFrontends(prev, m, order, nFrontends)
+	if prev == nil || !c.reuseFrontends(prev, m, from, compiled) {
+		c.allFrontends(m, nFrontends)
+	}
 	if prev == nil || !t.backends.update(&prev.backends, prev.ports, from, t.ports) {
 		t.backends = newBackendIndex(t.ports)
 	}
@@ -268,10 +275,6 @@ type compiler struct {
 	arena      []Backend
 	keys       []Key
 	names      [][]byte
-	// While follow is set, every frontend so far has matched same (prev's
-	// frontends) one for one and the index is not built yet.
-	follow bool
-	same   []Frontend
 }
 
 func (c *compiler) port(p *Port, sp *ServicePort) {
@@ -479,29 +482,28 @@ func (c *compiler) finish(p *Port, s *BackendSet, set []Backend) {
 	s.maglev = mt
 }
 
-// allFrontends lists the frontends of all ports. When they come out as
-// the same keys and kinds in the same order as prev's, which is the rule
-// when only endpoints changed, prev's index and key lists still hold and
-// are shared; otherwise they are built anew.
-func (c *compiler) allFrontends(prev *Table, m *Model, order []int32, n int) {
+// allFrontends lists and indexes the frontends of all ports.
+func (c *compiler) allFrontends(m *Model, n int) {
 	t := c.t
 	t.frontends = make([]Frontend, 0, n)
-	if prev != nil {
-		c.follow, c.same = true, prev.frontends
-	} else {
-		t.index = newKeyIndex(n)
+	t.index = newKeyIndex(n)
+	t.firstFrontend = make([]int32, len(t.ports)+1)
+	for i, p := range t.ports {
+		t.firstFrontend[i] = int32(len(t.frontends))
+		c.eachFrontend(p, &m.Ports[t.order[i]], func(kind Kind, k Key) {
+			if !t.index.insert(k, len(t.frontends)) {
+				other := &t.frontends[t.index.find(&k.Addr, k.Port, k.Proto)]
+				t.problems = append(t.problems, fmt.Sprintf("%v %v %v:%d: already taken by %v %v; ignored",
+					p.Name, kind, k.Addr, k.Port, other.Port.Name, other.Kind))
+				t.conflicts = true
+				return
+			}
+			t.frontends = append(t.frontends, Frontend{Key: k, Kind: kind, Port: p})
+			t.frontends[len(t.frontends)-1].pickSets()
+		})
 	}
-	for i := range t.ports {
-		c.frontends(&t.ports[i], &m.Ports[order[i]])
-	}
-	if c.follow && len(t.frontends) == len(c.same) {
-		t.index, t.frontendKeys, t.vips = prev.index, prev.frontendKeys, prev.vips
-		return
-	}
-	if c.follow {
-		// Every frontend matched, but prev had more.
-		c.indexFrontends()
-	}
+	t.firstFrontend[len(t.ports)] = int32(len(t.frontends))
+
 	t.frontendKeys = make([]Key, len(t.frontends))
 	vips := make([]packet.Addr, 0, len(t.frontends))
 	for i := range t.frontends {
@@ -515,64 +517,82 @@ func (c *compiler) allFrontends(prev *Table, m *Model, order []int32, n int) {
 	t.vips = slices.Compact(vips)
 }
 
-// indexFrontends stops following prev: it indexes the frontends listed so
-// far (distinct, since they matched prev's) so that the rest are checked
-// for conflicts as usual.
-func (c *compiler) indexFrontends() {
+// reuseFrontends keeps prev's frontend index and key lists when they still
+// hold, the rule when only endpoints changed: the ports are prev's, at the
+// same places, and each port compiled afresh has exactly the frontends it
+// had in prev. prev must have had no conflicting frontends, so that each
+// port owns all the frontends it lists (then nothing can win or lose a
+// key). The frontends are copied, those of the new ports pointed at them,
+// and round-robin positions carried over. It reports false, having done
+// nothing, when the frontends must be built anew.
+func (c *compiler) reuseFrontends(prev *Table, m *Model, from, compiled []int32) bool {
 	t := c.t
-	c.follow, c.same = false, nil
-	t.index = newKeyIndex(cap(t.frontends))
-	for i := range t.frontends {
-		t.index.insert(t.frontends[i].Key, i)
+	if prev.conflicts || len(prev.ports) != len(t.ports) {
+		return false
 	}
+	for i, k := range from {
+		if k >= 0 && int(k) != i {
+			return false
+		}
+	}
+	for _, i := range compiled {
+		had := prev.frontends[prev.firstFrontend[i]:prev.firstFrontend[i+1]]
+		n, same := 0, true
+		c.eachFrontend(t.ports[i], &m.Ports[t.order[i]], func(kind Kind, k Key) {
+			same = same && n < len(had) && had[n].Key == k && had[n].Kind == kind
+			n++
+		})
+		if !same || n != len(had) {
+			return false
+		}
+	}
+	t.frontends = make([]Frontend, len(prev.frontends))
+	for i := range prev.frontends {
+		f, pf := &t.frontends[i], &prev.frontends[i]
+		f.Key, f.Kind, f.Port = pf.Key, pf.Kind, pf.Port
+		f.verdict, f.backends, f.shortCircuit = pf.verdict, pf.backends, pf.shortCircuit
+		f.rr.Store(pf.rr.Load())
+	}
+	for _, i := range compiled {
+		for j := prev.firstFrontend[i]; j < prev.firstFrontend[i+1]; j++ {
+			t.frontends[j].Port = t.ports[i]
+			t.frontends[j].pickSets()
+		}
+	}
+	t.index, t.firstFrontend, t.frontendKeys, t.vips = prev.index, prev.firstFrontend, prev.frontendKeys, prev.vips
+	return true
 }
 
-func (c *compiler) frontends(p *Port, sp *ServicePort) {
+// eachFrontend calls fn with every frontend p asks for, in order.
+func (c *compiler) eachFrontend(p *Port, sp *ServicePort, fn func(Kind, Key)) {
+	try := func(kind Kind, addr packet.Addr, port uint16) {
+		if !addr.IsZero() && p.families[familyOf(addr)] {
+			fn(kind, Key{Addr: addr, Port: port, Proto: p.Proto})
+		}
+	}
 	for _, a := range sp.ClusterIPs {
-		c.frontend(p, ClusterIP, a, sp.Port)
+		try(ClusterIP, a, sp.Port)
 	}
 	if sp.NodePort != 0 {
 		for _, a := range c.node.Addresses {
-			c.frontend(p, NodePort, a, sp.NodePort)
+			try(NodePort, a, sp.NodePort)
 		}
 	}
 	for _, a := range sp.ExternalIPs {
-		c.frontend(p, ExternalIP, a, sp.Port)
+		try(ExternalIP, a, sp.Port)
 	}
 	for _, a := range sp.LoadBalancerIPs {
-		c.frontend(p, LoadBalancer, a, sp.Port)
+		try(LoadBalancer, a, sp.Port)
 	}
 }
 
 var emptySet BackendSet
 
-func (c *compiler) frontend(p *Port, kind Kind, addr packet.Addr, port uint16) {
-	fam := familyOf(addr)
-	if addr.IsZero() || !p.families[fam] {
-		return
-	}
-	t := c.t
-	k := Key{Addr: addr, Port: port, Proto: p.Proto}
-	var rr uint64
-	if c.follow {
-		if n := len(t.frontends); n < len(c.same) && c.same[n].Key == k && c.same[n].Kind == kind {
-			rr = c.same[n].rr.Load()
-		} else {
-			c.indexFrontends()
-		}
-	}
-	if !c.follow && !t.index.insert(k, len(t.frontends)) {
-		other := &t.frontends[t.index.find(&k.Addr, k.Port, k.Proto)]
-		t.problems = append(t.problems, fmt.Sprintf("%v %v %v:%d: already taken by %v %v; ignored",
-			p.Name, kind, addr, port, other.Port.Name, other.Kind))
-		return
-	}
-	t.frontends = append(t.frontends, Frontend{Key: k, Kind: kind, Port: p})
-	f := &t.frontends[len(t.frontends)-1]
-	if rr != 0 {
-		f.rr.Store(rr)
-	}
-
+// pickSets sets the verdict and backend sets of f from its port.
+func (f *Frontend) pickSets() {
+	p, fam := f.Port, familyOf(f.Key.Addr)
+	kind := f.Kind
+	f.verdict = Forward
 	cluster, local := &p.Cluster[fam], &p.Local[fam]
 	switch {
 	case !p.HasEndpoints[fam]:

@@ -156,7 +156,7 @@ func sameTable(t *testing.T, step int, got, want *Table, m *Model) {
 		fail("%d ports, want %d", len(got.ports), len(want.ports))
 	}
 	for i := range got.ports {
-		gp, wp := &got.ports[i], &want.ports[i]
+		gp, wp := got.ports[i], want.ports[i]
 		if gp.settings != got.settings {
 			fail("port %v points at another table's settings", gp.Name)
 		}
@@ -285,14 +285,7 @@ func TestCompileFromMatchesCompile(t *testing.T) {
 	}
 }
 
-func ownPort(t *Table, p *Port) bool {
-	for i := range t.ports {
-		if &t.ports[i] == p {
-			return true
-		}
-	}
-	return false
-}
+func ownPort(t *Table, p *Port) bool { return slices.Contains(t.ports, p) }
 
 func dataPtr[T any](s []T) unsafe.Pointer { return unsafe.Pointer(unsafe.SliceData(s)) }
 

@@ -203,11 +203,14 @@ type Table struct {
 	version    string
 	settings   *settings
 
-	ports     []Port
+	ports     []*Port // shared with the tables compiled from this one
 	order     []int32 // ports[i] was compiled from the model's Ports[order[i]]
 	frontends []Frontend
 	index     keyIndex // frontend keys -> frontends
-	backends  backendIndex
+	// The frontends of ports[i] are frontends[firstFrontend[i]:firstFrontend[i+1]].
+	firstFrontend []int32
+	conflicts     bool // some frontend was claimed twice
+	backends      backendIndex
 
 	frontendKeys []Key
 	vips         []packet.Addr
@@ -274,7 +277,9 @@ func (t *Table) BackendKeys() []Key {
 func (t *Table) VIPs() []packet.Addr { return t.vips }
 
 // Ports lists the compiled service ports, sorted by name and protocol.
-func (t *Table) Ports() []Port { return t.ports }
+// The ports belong to the table (and to the tables compiled from it); do
+// not modify them.
+func (t *Table) Ports() []*Port { return t.ports }
 
 // Frontends returns the number of frontends.
 func (t *Table) Frontends() int { return len(t.frontends) }
