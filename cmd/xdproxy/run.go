@@ -87,7 +87,7 @@ func runCmd(args []string) error {
 		if m.Node.Name == "" {
 			m.Node = node
 		}
-		t := service.Compile(m, opts)
+		t := service.CompileFrom(engine.Services().Load(), m, opts)
 		for _, p := range t.Problems() {
 			log.Warn("service table", "problem", p)
 		}

@@ -110,7 +110,9 @@ func (b *Builder) Services() int { return len(b.entries) }
 
 // Model rebuilds the services that changed and returns a new Model for
 // node. The Model shares unchanged ServicePorts' contents with earlier
-// Models; none of them is modified again.
+// Models; none of them is modified again. Each rebuilt ServicePort gets a
+// new Revision and the others keep theirs, so service.CompileFrom can
+// compile only what changed.
 func (b *Builder) Model(node service.Node) *service.Model {
 	var rebuilt []int
 	for key := range b.dirty {
@@ -166,6 +168,10 @@ func (b *Builder) build(svc *Service) []service.ServicePort {
 	out := make([]service.ServicePort, len(svc.Ports))
 	for i := range svc.Ports {
 		sp := svc.Ports[i]
+		// A rebuilt port is a new version for service.CompileFrom, even
+		// when it comes out the same; a port not rebuilt keeps its
+		// revision, which lets CompileFrom reuse its compiled form.
+		sp.Revision = service.NewRevision()
 		sp.Endpoints = b.endpointsFor(sp.Name.Port, sp.Proto, sliceList)
 		if !sp.TopologyAware {
 			sp.TopologyAware = slices.ContainsFunc(sp.Endpoints, func(e service.Endpoint) bool { return len(e.ZoneHints) > 0 })

@@ -1,6 +1,7 @@
 package k8sconv
 
 import (
+	"fmt"
 	"reflect"
 	"strconv"
 	"testing"
@@ -208,5 +209,53 @@ func TestBuilderIncremental(t *testing.T) {
 	}
 	if b.Services() != 3 {
 		t.Errorf("Services() = %d", b.Services())
+	}
+}
+
+// Rebuilt ports get a new revision and the others keep theirs, which is
+// what lets service.CompileFrom reuse their compiled form; the table it
+// builds that way answers as a table compiled from scratch does.
+func TestBuilderRevisions(t *testing.T) {
+	c, _ := newTestConverter(t, Options{})
+	b := NewBuilder()
+	for i := range 20 {
+		name := fmt.Sprint("s", i)
+		b.SetService(typesName("ns1", name), c.Service(makeService("ns1", name, func(s *v1.Service) {
+			ip := fmt.Sprintf("172.30.0.%d", i+1)
+			s.Spec.ClusterIP, s.Spec.ClusterIPs = ip, []string{ip}
+		})))
+		b.SetSlice(SliceKey{"ns1", name + "-1"}, c.EndpointSlice(makeSlice("ns1", name+"-1", name, withEndpoints(ep("10.0.0.1")))))
+	}
+	m := b.Model(service.Node{Name: "n1"})
+	seen := map[uint64]bool{}
+	for _, sp := range m.Ports {
+		if sp.Revision == 0 || seen[sp.Revision] {
+			t.Fatalf("%v: revision %d not fresh", sp.Name, sp.Revision)
+		}
+		seen[sp.Revision] = true
+	}
+	tab := service.Compile(m, service.CompileOptions{})
+	for step := range 30 {
+		changed := fmt.Sprint("s", step%20)
+		var eps []discovery.Endpoint
+		for e := range step%4 + 1 {
+			eps = append(eps, ep(fmt.Sprintf("10.0.%d.%d", step, e+1)))
+		}
+		b.SetSlice(SliceKey{"ns1", changed + "-1"}, c.EndpointSlice(makeSlice("ns1", changed+"-1", changed, withEndpoints(eps...))))
+		next := b.Model(service.Node{Name: "n1"})
+		for i, sp := range next.Ports {
+			if rebuilt := sp.Revision != m.Ports[i].Revision; rebuilt != (sp.Name.Name == changed) {
+				t.Fatalf("step %d: %v rebuilt %v", step, sp.Name, rebuilt)
+			}
+		}
+		tab = service.CompileFrom(tab, next, service.CompileOptions{})
+		want := service.Compile(next, service.CompileOptions{})
+		for _, k := range want.FrontendKeys() {
+			g, w := tab.Lookup(k.Proto, k.Addr, k.Port), want.Lookup(k.Proto, k.Addr, k.Port)
+			if g == nil || !reflect.DeepEqual(g.Backends(false), w.Backends(false)) {
+				t.Fatalf("step %d: %v backends differ", step, k)
+			}
+		}
+		m = next
 	}
 }

@@ -110,6 +110,12 @@ func (b *backendIndex) contains(addr *packet.Addr, port uint16, proto packet.Pro
 	}
 }
 
+// same reports whether b and o share all their shards, and so hold the
+// same keys.
+func (b *backendIndex) same(o *backendIndex) bool {
+	return len(b.shards) == len(o.shards) && (len(b.shards) == 0 || &b.shards[0] == &o.shards[0])
+}
+
 // keys lists every key once.
 func (b *backendIndex) keys() []Key {
 	out := make([]Key, 0, b.total)

@@ -99,29 +99,42 @@ func CompileFrom(prev *Table, m *Model, opts CompileOptions) *Table {
 	}
 	t.clusterCIDRs, t.nodeAddrs = t.settings.clusterCIDRs, t.settings.nodeAddrs
 
-	var order []int32
-	if prev != nil && prev.sameOrder(m.Ports) {
-		order = prev.order
+	// When the model lists the same ports in the same order as prev's,
+	// the usual case, port i is prev's port i or its new version, and all
+	// per-port work below reads compact arrays instead of the ports.
+	inPlace := prev != nil && prev.sameOrder(m.Ports)
+	if inPlace {
+		t.order, t.names = prev.order, prev.names
 	} else {
-		order = sortedPorts(m.Ports)
+		t.order = sortedPorts(m.Ports)
+		t.names = make([]portName, len(t.order))
+		for i, mi := range t.order {
+			t.names[i] = portName{m.Ports[mi].Name, m.Ports[mi].Proto}
+		}
 	}
-	t.order = order
 	c := compiler{t: t, node: &m.Node, maglevSize: maglevSize}
 
 	// Match each port with its compiled form in prev, and size the
 	// arenas for the ports that must be compiled.
-	from := make([]int32, len(order)) // index into prev.ports, or -1
-	var compiled []int32              // the ports not taken from prev
+	from := make([]int32, len(t.order)) // index into prev.ports, or -1
+	var compiled []int32                // the ports not taken from prev
+	t.revisions = make([]uint64, len(t.order))
 	nFrontends, nEndpoints := 0, 0
 	j := 0
-	for i, mi := range order {
+	for i, mi := range t.order {
 		sp := &m.Ports[mi]
+		t.revisions[i] = sp.Revision
 		nFrontends += len(sp.ClusterIPs) + len(sp.ExternalIPs) + len(sp.LoadBalancerIPs)
 		if sp.NodePort != 0 {
 			nFrontends += len(m.Node.Addresses)
 		}
 		from[i] = -1
-		if prev != nil {
+		switch {
+		case inPlace:
+			if sp.Revision != 0 && sp.Revision == prev.revisions[i] {
+				from[i] = int32(i)
+			}
+		case prev != nil:
 			var k int
 			k, j = prev.match(sp, j)
 			from[i] = int32(k)
@@ -135,27 +148,62 @@ func CompileFrom(prev *Table, m *Model, opts CompileOptions) *Table {
 	c.arena = make([]Backend, 0, 2*nEndpoints)
 	c.keys = make([]Key, 0, nEndpoints)
 
-	t.ports = make([]*Port, len(order))
+	t.ports = make([]*Port, len(t.order))
 	fresh := make([]Port, len(compiled))
-	for i, mi := range order {
-		if k := from[i]; k >= 0 {
+	for i, k := range from {
+		if k >= 0 {
 			t.ports[i] = prev.ports[k]
-		} else {
-			p := &fresh[0]
-			fresh = fresh[1:]
-			c.port(p, &m.Ports[mi])
-			t.ports[i] = p
 		}
-		t.problems = append(t.problems, t.ports[i].problems...)
 	}
+	for n, i := range compiled {
+		c.port(&fresh[n], &m.Ports[t.order[i]])
+		t.ports[i] = &fresh[n]
+	}
+	t.listProblems(prev, inPlace, from, compiled)
 
 	if prev == nil || !c.reuseFrontends(prev, m, from, compiled) {
 		c.allFrontends(m, nFrontends)
 	}
 	if prev == nil || !t.backends.update(&prev.backends, prev.ports, from, t.ports) {
 		t.backends = newBackendIndex(t.ports)
+	} else if t.backends.same(&prev.backends) {
+		t.backendKeys.Store(prev.backendKeys.Load())
 	}
 	return t
+}
+
+// listProblems appends the ports' problems to t's, in port order. In
+// place, the ports with problems are prev's that were kept and the new
+// ones that have some; otherwise every port is asked.
+func (t *Table) listProblems(prev *Table, inPlace bool, from, compiled []int32) {
+	if inPlace {
+		for _, i := range prev.problemPorts {
+			if from[i] >= 0 {
+				t.problemPorts = append(t.problemPorts, i)
+			}
+		}
+		for _, i := range compiled {
+			if len(t.ports[i].problems) > 0 {
+				t.problemPorts = append(t.problemPorts, i)
+			}
+		}
+		slices.Sort(t.problemPorts)
+	} else {
+		for i, p := range t.ports {
+			if len(p.problems) > 0 {
+				t.problemPorts = append(t.problemPorts, int32(i))
+			}
+		}
+	}
+	for _, i := range t.problemPorts {
+		t.problems = append(t.problems, t.ports[i].problems...)
+	}
+}
+
+// portName is what identifies a port: its name and protocol.
+type portName struct {
+	name  PortName
+	proto packet.Proto
 }
 
 // settings are the node and option inputs that every compiled Port
@@ -229,7 +277,7 @@ func (t *Table) sameOrder(ports []ServicePort) bool {
 		return false
 	}
 	for i, mi := range t.order {
-		if ports[mi].Name != t.ports[i].Name || ports[mi].Proto != t.ports[i].Proto {
+		if ports[mi].Name != t.names[i].name || ports[mi].Proto != t.names[i].proto {
 			return false
 		}
 	}
@@ -252,16 +300,16 @@ func comparePorts(a *PortName, pa packet.Proto, b *PortName, pb packet.Proto) in
 // is matched at most once, even when a malformed model lists a name
 // twice, so that the backend index counts each port once.
 func (t *Table) match(sp *ServicePort, from int) (int, int) {
-	ports := t.ports
+	names := t.names
 	// Skip ports that sort before sp: they are gone from the model.
-	for from < len(ports) && comparePorts(&ports[from].Name, ports[from].Proto, &sp.Name, sp.Proto) < 0 {
+	for from < len(names) && comparePorts(&names[from].name, names[from].proto, &sp.Name, sp.Proto) < 0 {
 		from++
 	}
 	if sp.Revision == 0 {
 		return -1, from
 	}
-	for k := from; k < len(ports) && ports[k].Name == sp.Name && ports[k].Proto == sp.Proto; k++ {
-		if ports[k].Revision == sp.Revision {
+	for k := from; k < len(names) && names[k].name == sp.Name && names[k].proto == sp.Proto; k++ {
+		if t.revisions[k] == sp.Revision {
 			return k, k + 1
 		}
 	}
@@ -485,29 +533,36 @@ func (c *compiler) finish(p *Port, s *BackendSet, set []Backend) {
 // allFrontends lists and indexes the frontends of all ports.
 func (c *compiler) allFrontends(m *Model, n int) {
 	t := c.t
-	t.frontends = make([]Frontend, 0, n)
+	// One allocation, cut into pages below.
+	fs := make([]Frontend, 0, (n+frontendPageSize-1)/frontendPageSize*frontendPageSize)
 	t.index = newKeyIndex(n)
 	t.firstFrontend = make([]int32, len(t.ports)+1)
 	for i, p := range t.ports {
-		t.firstFrontend[i] = int32(len(t.frontends))
+		t.firstFrontend[i] = int32(len(fs))
 		c.eachFrontend(p, &m.Ports[t.order[i]], func(kind Kind, k Key) {
-			if !t.index.insert(k, len(t.frontends)) {
-				other := &t.frontends[t.index.find(&k.Addr, k.Port, k.Proto)]
+			if !t.index.insert(k, len(fs)) {
+				other := &fs[t.index.find(&k.Addr, k.Port, k.Proto)]
 				t.problems = append(t.problems, fmt.Sprintf("%v %v %v:%d: already taken by %v %v; ignored",
 					p.Name, kind, k.Addr, k.Port, other.Port.Name, other.Kind))
 				t.conflicts = true
 				return
 			}
-			t.frontends = append(t.frontends, Frontend{Key: k, Kind: kind, Port: p})
-			t.frontends[len(t.frontends)-1].pickSets()
+			fs = append(fs, Frontend{Key: k, Kind: kind, Port: p})
+			fs[len(fs)-1].pickSets()
 		})
 	}
-	t.firstFrontend[len(t.ports)] = int32(len(t.frontends))
+	t.firstFrontend[len(t.ports)] = int32(len(fs))
+	t.nFrontends = len(fs)
+	all := fs[:cap(fs)]
+	for len(all) > 0 {
+		t.pages = append(t.pages, (*frontendPage)(all[:frontendPageSize]))
+		all = all[frontendPageSize:]
+	}
 
-	t.frontendKeys = make([]Key, len(t.frontends))
-	vips := make([]packet.Addr, 0, len(t.frontends))
-	for i := range t.frontends {
-		f := &t.frontends[i]
+	t.frontendKeys = make([]Key, len(fs))
+	vips := make([]packet.Addr, 0, len(fs))
+	for i := range fs {
+		f := &fs[i]
 		t.frontendKeys[i] = f.Key
 		if f.Kind != NodePort {
 			vips = append(vips, f.Key.Addr)
@@ -522,9 +577,9 @@ func (c *compiler) allFrontends(m *Model, n int) {
 // same places, and each port compiled afresh has exactly the frontends it
 // had in prev. prev must have had no conflicting frontends, so that each
 // port owns all the frontends it lists (then nothing can win or lose a
-// key). The frontends are copied, those of the new ports pointed at them,
-// and round-robin positions carried over. It reports false, having done
-// nothing, when the frontends must be built anew.
+// key). The pages holding new ports' frontends are copied, with their
+// round-robin positions, and the rest shared. It reports false, having
+// done nothing, when the frontends must be built anew.
 func (c *compiler) reuseFrontends(prev *Table, m *Model, from, compiled []int32) bool {
 	t := c.t
 	if prev.conflicts || len(prev.ports) != len(t.ports) {
@@ -536,31 +591,50 @@ func (c *compiler) reuseFrontends(prev *Table, m *Model, from, compiled []int32)
 		}
 	}
 	for _, i := range compiled {
-		had := prev.frontends[prev.firstFrontend[i]:prev.firstFrontend[i+1]]
-		n, same := 0, true
+		first, end := int(prev.firstFrontend[i]), int(prev.firstFrontend[i+1])
+		n, same := first, true
 		c.eachFrontend(t.ports[i], &m.Ports[t.order[i]], func(kind Kind, k Key) {
-			same = same && n < len(had) && had[n].Key == k && had[n].Kind == kind
+			same = same && n < end && prev.frontend(n).Key == k && prev.frontend(n).Kind == kind
 			n++
 		})
-		if !same || n != len(had) {
+		if !same || n != end {
 			return false
 		}
 	}
-	t.frontends = make([]Frontend, len(prev.frontends))
-	for i := range prev.frontends {
-		f, pf := &t.frontends[i], &prev.frontends[i]
+	t.pages = slices.Clone(prev.pages)
+	for _, i := range compiled {
+		for j := int(prev.firstFrontend[i]); j < int(prev.firstFrontend[i+1]); j++ {
+			pg := j / frontendPageSize
+			if t.pages[pg] == prev.pages[pg] {
+				t.pages[pg] = prev.pages[pg].clone()
+			}
+			f := t.frontend(j)
+			f.Port = t.ports[i]
+			f.pickSets()
+		}
+	}
+	t.index, t.firstFrontend, t.nFrontends = prev.index, prev.firstFrontend, prev.nFrontends
+	t.frontendKeys, t.vips = prev.frontendKeys, prev.vips
+	return true
+}
+
+// frontendPageSize frontends make a page. Tables share the pages whose
+// frontends did not change; a page is 16 KiB.
+const frontendPageSize = 256
+
+type frontendPage [frontendPageSize]Frontend
+
+// clone copies the page, reading round-robin positions atomically as
+// workers may be advancing them.
+func (pg *frontendPage) clone() *frontendPage {
+	np := new(frontendPage)
+	for i := range pg {
+		f, pf := &np[i], &pg[i]
 		f.Key, f.Kind, f.Port = pf.Key, pf.Kind, pf.Port
 		f.verdict, f.backends, f.shortCircuit = pf.verdict, pf.backends, pf.shortCircuit
 		f.rr.Store(pf.rr.Load())
 	}
-	for _, i := range compiled {
-		for j := prev.firstFrontend[i]; j < prev.firstFrontend[i+1]; j++ {
-			t.frontends[j].Port = t.ports[i]
-			t.frontends[j].pickSets()
-		}
-	}
-	t.index, t.firstFrontend, t.frontendKeys, t.vips = prev.index, prev.firstFrontend, prev.frontendKeys, prev.vips
-	return true
+	return np
 }
 
 // eachFrontend calls fn with every frontend p asks for, in order.

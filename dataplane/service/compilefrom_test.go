@@ -18,9 +18,9 @@ import (
 
 // randomPort is service port s of a random model: dual-stack or not, with
 // any mix of frontends, policies, schedulers and endpoint conditions. Some
-// ports share external IPs (frontend conflicts) and endpoints (one key
-// listed by two ports).
-func randomPort(r *rand.Rand, s int) ServicePort {
+// ports share endpoints (one key listed by two ports); with share, some
+// also share external IPs (frontend conflicts).
+func randomPort(r *rand.Rand, s int, share bool) ServicePort {
 	nodes := []string{"node-a", "node-b", "node-c"}
 	zones := []string{"zone-a", "zone-b"}
 	sp := ServicePort{
@@ -45,7 +45,10 @@ func randomPort(r *rand.Rand, s int) ServicePort {
 		sp.HealthCheckNodePort = uint16(32000 + s)
 	}
 	if r.IntN(4) == 0 {
-		sp.ExternalIPs = []packet.Addr{packet.AddrFrom4([4]byte{198, 19, 50, byte(r.IntN(8))})}
+		sp.ExternalIPs = []packet.Addr{packet.AddrFrom4([4]byte{198, 19, 50 + byte(s>>8), byte(s)})}
+		if share && r.IntN(4) == 0 {
+			sp.ExternalIPs[0] = packet.AddrFrom4([4]byte{198, 19, 49, byte(r.IntN(8))})
+		}
 	}
 	if r.IntN(3) == 0 {
 		sp.LoadBalancerIPs = []packet.Addr{packet.AddrFrom4([4]byte{198, 19, 100 + byte(s>>8), byte(s)})}
@@ -93,37 +96,57 @@ func randomEndpoints(r *rand.Rand, s int, nodes, zones []string) []Endpoint {
 }
 
 // mutate returns the next version of m as a source would publish it: a
-// fresh Ports slice in which some ports changed (with a new revision), a
-// few came or went, some lost their revision, and sometimes the node
-// changed. It never modifies m.
-func mutate(r *rand.Rand, m *Model, next *int) *Model {
+// fresh Ports slice in which some ports changed (with a new revision) or
+// lost their revision. Half the steps keep the list's layout, a quarter
+// change only endpoints, as EndpointSlice updates do; the others also
+// rename, or remove, add and reorder ports, or change the node. It never
+// modifies m.
+func mutate(r *rand.Rand, m *Model, next *int, share bool) *Model {
 	out := &Model{Node: m.Node}
+	mode := r.IntN(4)
+	layout, renames, endpointsOnly := mode == 0, mode == 1, mode == 3
 	for _, sp := range m.Ports {
 		switch r.IntN(20) {
 		case 0: // removed
-			continue
+			if layout {
+				continue
+			}
 		case 1, 2: // endpoints changed
 			sp.Endpoints = randomEndpoints(r, portNumber(&sp), []string{"node-a", "node-b"}, []string{"zone-a", "zone-b"})
 			sp.Revision = NewRevision()
-		case 3: // replaced by a new version of the whole port
-			n := sp.Name
-			sp = randomPort(r, portNumber(&sp))
-			sp.Name = n
+		case 3: // replaced by a new version of the whole port, frontends too
+			if endpointsOnly {
+				break
+			}
+			n, proto := sp.Name, sp.Proto
+			sp = randomPort(r, portNumber(&sp), share)
+			sp.Name, sp.Proto = n, proto
 		case 4: // rebuilt by a source that does not track revisions
 			sp.Revision = 0
 		case 5: // rebuilt, same contents, new revision
 			sp.Revision = NewRevision()
+		case 6: // changed by a source that does not track revisions
+			if sp.Revision == 0 {
+				sp.Endpoints = randomEndpoints(r, portNumber(&sp), []string{"node-a"}, []string{"zone-a"})
+			}
+		case 7: // renamed, which may move it in the sorted order
+			if renames {
+				sp.Name.Name += "x"
+				sp.Revision = NewRevision()
+			}
 		}
 		out.Ports = append(out.Ports, sp)
 	}
-	for range r.IntN(3) {
-		out.Ports = append(out.Ports, randomPort(r, *next))
-		*next++
-	}
-	r.Shuffle(len(out.Ports), func(i, j int) { out.Ports[i], out.Ports[j] = out.Ports[j], out.Ports[i] })
-	if r.IntN(15) == 0 {
-		out.Node.Name = []string{"node-a", "node-b"}[r.IntN(2)]
-		out.Node.Zone = []string{"zone-a", "zone-b"}[r.IntN(2)]
+	if layout {
+		for range r.IntN(3) {
+			out.Ports = append(out.Ports, randomPort(r, *next, share))
+			*next++
+		}
+		r.Shuffle(len(out.Ports), func(i, j int) { out.Ports[i], out.Ports[j] = out.Ports[j], out.Ports[i] })
+		if r.IntN(5) == 0 {
+			out.Node.Name = []string{"node-a", "node-b"}[r.IntN(2)]
+			out.Node.Zone = []string{"zone-a", "zone-b"}[r.IntN(2)]
+		}
 	}
 	return out
 }
@@ -172,8 +195,8 @@ func sameTable(t *testing.T, step int, got, want *Table, m *Model) {
 	}
 	srcs := []packet.Addr{externalC, allowedC, localPod, remotePod, localPodV6, nodeV4, otherNode,
 		packet.AddrFrom4([4]byte{198, 19, 100, 3}), packet.AddrFrom4([4]byte{198, 18, 128, 3})}
-	for i := range want.frontends {
-		wf := &want.frontends[i]
+	for i := range want.nFrontends {
+		wf := want.frontend(i)
 		gf := got.Lookup(wf.Key.Proto, wf.Key.Addr, wf.Key.Port)
 		if gf == nil || gf.Key != wf.Key || gf.Kind != wf.Kind || gf.Port.Name != wf.Port.Name {
 			fail("lookup %v: %+v, want %+v", wf.Key, gf, wf)
@@ -264,23 +287,39 @@ func TestCompileFromMatchesCompile(t *testing.T) {
 	for _, seed := range []uint64{1, 2, 3, 4} {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
 			r := rand.New(rand.NewPCG(seed, 7))
+			// Half the seeds have frontend conflicts, which make CompileFrom
+			// rebuild the frontends.
+			share := seed > 2
 			opts := CompileOptions{ClusterCIDRs: testOptions.ClusterCIDRs, MaglevSize: 251}
+			if seed%2 == 0 {
+				// Too small for some backend sets: those ports have problems.
+				opts.MaglevSize = 5
+			}
 			m := &Model{Node: Node{Name: "node-a", Zone: "zone-a", Addresses: []packet.Addr{nodeV4, nodeV6}}}
 			next := 0
 			for range 150 {
-				m.Ports = append(m.Ports, randomPort(r, next))
+				m.Ports = append(m.Ports, randomPort(r, next, share))
 				next++
 			}
 			prev := Compile(m, opts)
+			kept := 0
 			for step := range 60 {
-				m = mutate(r, m, &next)
+				m = mutate(r, m, &next, share)
 				if step%20 == 19 {
 					opts.MasqueradeAll = !opts.MasqueradeAll
 				}
 				got := CompileFrom(prev, m, opts)
 				sameTable(t, step, got, Compile(m, opts), m)
+				if dataPtr(got.index.slots) == dataPtr(prev.index.slots) {
+					kept++
+				}
 				prev = got
 			}
+			// Without conflicts, endpoint-only steps keep the frontends.
+			if kept == 0 && !share {
+				t.Error("no step kept the frontend index")
+			}
+			t.Logf("%d of 60 steps kept the frontend index", kept)
 		})
 	}
 }
@@ -319,6 +358,15 @@ func TestCompileFromReuses(t *testing.T) {
 	if dataPtr(got.index.slots) != dataPtr(prev.index.slots) || dataPtr(got.vips) != dataPtr(prev.vips) {
 		t.Error("frontend index rebuilt though no frontend changed")
 	}
+	pages := 0
+	for pg := range got.pages {
+		if got.pages[pg] != prev.pages[pg] {
+			pages++
+		}
+	}
+	if pages == 0 || pages > 2 {
+		t.Errorf("%d of %d frontend pages copied, want 1 or 2", pages, len(got.pages))
+	}
 	copied := 0
 	for s := range got.backends.shards {
 		if dataPtr(got.backends.shards[s].slots) != dataPtr(prev.backends.shards[s].slots) {
@@ -332,6 +380,19 @@ func TestCompileFromReuses(t *testing.T) {
 		!prev.IsBackend(packet.ProtoTCP, sp.Endpoints[1].Addr, 8001) || prev.IsBackend(packet.ProtoTCP, sp.Endpoints[1].Addr, 9999) {
 		t.Error("backend key change not reflected in the new table, or leaked into the old one")
 	}
+
+	// A readiness change alone keeps the set of backend keys, and so the
+	// list of them.
+	keys := got.BackendKeys()
+	m5 := &Model{Node: m.Node, Ports: slices.Clone(m2.Ports)}
+	m5.Ports[700].Endpoints = slices.Clone(m5.Ports[700].Endpoints)
+	m5.Ports[700].Endpoints[0].Ready = true
+	m5.Ports[700].Revision = NewRevision()
+	t5 := CompileFrom(got, m5, opts)
+	if !t5.backends.same(&got.backends) || dataPtr(t5.BackendKeys()) != dataPtr(keys) {
+		t.Error("backend keys listed again though none changed")
+	}
+	sameTable(t, 1, t5, Compile(m5, opts), m5)
 
 	// Revision 0 and a changed node both mean compiling everything.
 	maglevOf := func(tab *Table, n PortName) *BackendSet {
@@ -384,7 +445,7 @@ func TestCompileFromLeavesPrevAlone(t *testing.T) {
 	m := &Model{Node: Node{Name: "node-a", Zone: "zone-a", Addresses: []packet.Addr{nodeV4}}}
 	next := 0
 	for range 200 {
-		m.Ports = append(m.Ports, randomPort(r, next))
+		m.Ports = append(m.Ports, randomPort(r, next, false))
 		next++
 	}
 	base := Compile(m, opts)
@@ -434,16 +495,59 @@ func TestCompileFromLeavesPrevAlone(t *testing.T) {
 			}
 		})
 	}
-	prev := base
+	// Half the tables are compiled from base itself, half from a chain.
+	baseModel, prev := m, base
+	kept := 0
 	for i := range 40 {
-		m = mutate(r, m, &next)
-		from := prev
 		if i%2 == 0 {
-			from = base
+			tab := CompileFrom(base, mutate(r, baseModel, &next, false), opts)
+			_ = tab.BackendKeys()
+			if dataPtr(tab.index.slots) == dataPtr(base.index.slots) {
+				kept++
+			}
+			continue
 		}
-		prev = CompileFrom(from, m, opts)
+		m = mutate(r, m, &next, false)
+		prev = CompileFrom(prev, m, opts)
 		_ = prev.BackendKeys()
 	}
 	stop.Store(true)
 	wg.Wait()
+	if kept == 0 {
+		t.Error("no table shared base's frontends")
+	}
+}
+
+// Frontend conflicts stay reported when a table is compiled from one that
+// had them, and go away with the port that caused them.
+func TestCompileFromConflicts(t *testing.T) {
+	port := func(n string, extIP string, ep4 byte) ServicePort {
+		sp := ServicePort{Name: name("ns", n, ""), Proto: packet.ProtoTCP, Port: 80, Revision: NewRevision(),
+			ClusterIPs: addrs(fmt.Sprintf("198.19.0.%d", ep4)),
+			Endpoints:  []Endpoint{ep(fmt.Sprintf("198.18.129.%d", ep4), 80, "n", "ready")}}
+		if extIP != "" {
+			sp.ExternalIPs = addrs(extIP)
+		}
+		return sp
+	}
+	m := &Model{Ports: []ServicePort{port("a", "198.19.50.1", 1), port("b", "198.19.50.1", 2), port("c", "", 3)}}
+	prev := Compile(m, CompileOptions{})
+	if len(prev.Problems()) != 1 {
+		t.Fatalf("problems %q, want one conflict", prev.Problems())
+	}
+
+	// Another port's endpoints change: the conflict is still there.
+	m2 := &Model{Ports: slices.Clone(m.Ports)}
+	m2.Ports[2].Endpoints = []Endpoint{ep("198.18.129.9", 80, "n", "ready")}
+	m2.Ports[2].Revision = NewRevision()
+	sameTable(t, 0, CompileFrom(prev, m2, CompileOptions{}), Compile(m2, CompileOptions{}), m2)
+
+	// The losing port drops the address: no conflict any more.
+	m3 := &Model{Ports: slices.Clone(m.Ports)}
+	m3.Ports[1] = port("b", "", 2)
+	got := CompileFrom(prev, m3, CompileOptions{})
+	sameTable(t, 1, got, Compile(m3, CompileOptions{}), m3)
+	if len(got.Problems()) != 0 {
+		t.Errorf("problems %q, want none", got.Problems())
+	}
 }

@@ -8,6 +8,15 @@
 // table is one atomic pointer store (see Current). Workers load the pointer
 // once per batch and must not keep it across batches.
 //
+// CompileFrom compiles the next table from the current one: ports whose
+// ServicePort.Revision did not change are shared as they are, and so are
+// the frontend index and the unchanged parts of the backend index, so one
+// changed EndpointSlice costs one service plus a pass over the port list
+// (about 0.3 ms at 10,000 services, against about 30 ms for Compile).
+// Shared parts keep the allocations they came from alive: after many
+// incremental compiles a table can hold up to about twice the memory of a
+// fresh one, which a full Compile returns.
+//
 // Semantics follow kube-proxy (pkg/proxy/topology.go and the nftables
 // proxier), per IP family:
 //

@@ -1,7 +1,6 @@
 package service
 
 import (
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -203,11 +202,19 @@ type Table struct {
 	version    string
 	settings   *settings
 
-	ports     []*Port // shared with the tables compiled from this one
-	order     []int32 // ports[i] was compiled from the model's Ports[order[i]]
-	frontends []Frontend
-	index     keyIndex // frontend keys -> frontends
-	// The frontends of ports[i] are frontends[firstFrontend[i]:firstFrontend[i+1]].
+	ports     []*Port    // shared with the tables compiled from this one
+	order     []int32    // ports[i] was compiled from the model's Ports[order[i]]
+	names     []portName // ports[i]'s name, to match ports without reading them
+	revisions []uint64   // ports[i].Revision, likewise
+	// problemPorts are the indexes of the ports with problems.
+	problemPorts []int32
+
+	// Frontend i is pages[i/frontendPageSize][i%frontendPageSize]; the
+	// index holds these positions. The frontends of ports[i] are those
+	// from firstFrontend[i] to firstFrontend[i+1].
+	pages         []*frontendPage
+	nFrontends    int
+	index         keyIndex // frontend keys -> frontends
 	firstFrontend []int32
 	conflicts     bool // some frontend was claimed twice
 	backends      backendIndex
@@ -216,10 +223,10 @@ type Table struct {
 	vips         []packet.Addr
 	problems     []string
 
-	// backendKeys is listed from backends on first use: the dataplane
-	// wants it after the table is published, not before.
-	backendKeysOnce sync.Once
-	backendKeys     []Key
+	// backendKeys is listed from backends on first use (the dataplane
+	// wants it after the table is published, not before), or shared with
+	// the previous table when the set did not change.
+	backendKeys atomic.Pointer[[]Key]
 
 	// Copies of settings' fields, one pointer closer to IsLocalOrigin.
 	clusterCIDRs []prefix
@@ -237,7 +244,7 @@ func (t *Table) Lookup(proto packet.Proto, dst packet.Addr, port uint16) *Fronte
 	if i < 0 {
 		return nil
 	}
-	return &t.frontends[i]
+	return t.frontend(i)
 }
 
 // IsBackend reports whether addr:port over proto is an endpoint of any
@@ -266,8 +273,12 @@ func (t *Table) FrontendKeys() []Key { return t.frontendKeys }
 // particular order, so the XDP program can steer replies from backends.
 // The first call lists them; the slice belongs to the table.
 func (t *Table) BackendKeys() []Key {
-	t.backendKeysOnce.Do(func() { t.backendKeys = t.backends.keys() })
-	return t.backendKeys
+	if ks := t.backendKeys.Load(); ks != nil {
+		return *ks
+	}
+	ks := t.backends.keys()
+	t.backendKeys.CompareAndSwap(nil, &ks)
+	return *t.backendKeys.Load()
 }
 
 // VIPs lists the distinct service addresses: cluster IPs, external IPs
@@ -282,7 +293,11 @@ func (t *Table) VIPs() []packet.Addr { return t.vips }
 func (t *Table) Ports() []*Port { return t.ports }
 
 // Frontends returns the number of frontends.
-func (t *Table) Frontends() int { return len(t.frontends) }
+func (t *Table) Frontends() int { return t.nFrontends }
+
+func (t *Table) frontend(i int) *Frontend {
+	return &t.pages[uint(i)/frontendPageSize][uint(i)%frontendPageSize]
+}
 
 // Problems lists what Compile had to skip: frontend keys claimed by two
 // service ports (the first by name wins, as the list is sorted) and Maglev
