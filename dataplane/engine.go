@@ -62,6 +62,7 @@ type Engine struct {
 	wg            sync.WaitGroup
 	errs          chan error
 	stopReconcile chan struct{}
+	programmed    bool // the XDP maps hold the current table's keys
 }
 
 // Start attaches to every interface and starts the workers. On error
@@ -231,8 +232,17 @@ func (e *Engine) Publish(t *service.Table) error {
 	defer e.publishMu.Unlock()
 	old := e.services.Load()
 	e.services.Store(t)
-	if err := e.programXDP(t); err != nil {
-		return err
+	// An incremental compile shares unchanged key lists with the previous
+	// table; then the XDP maps already hold exactly these keys.
+	unchanged := old != nil && e.programmed &&
+		sameSlice(old.FrontendKeys(), t.FrontendKeys()) && sameSlice(old.BackendKeys(), t.BackendKeys()) &&
+		sameSlice(old.VIPs(), t.VIPs())
+	if !unchanged {
+		if err := e.programXDP(t); err != nil {
+			e.programmed = false
+			return err
+		}
+		e.programmed = true
 	}
 	// Ask for the endpoints' neighbours now, so that the first packet of a
 	// flow does not find its next hop unresolved (a lone UDP datagram
@@ -367,4 +377,9 @@ func (e *Engine) reconcileOnce() (int, error) {
 		err = e.objs.DeleteFlows(stale)
 	}
 	return len(stale), err
+}
+
+// sameSlice reports whether a and b are the same slice (not merely equal).
+func sameSlice[T any](a, b []T) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }

@@ -267,3 +267,23 @@ func TestSizesScaleLinearly(t *testing.T) {
 		t.Fatalf("nft grows by %d lines per 1000 services, want about 10000", d)
 	}
 }
+
+func TestManifests(t *testing.T) {
+	s := testSet(3, 2)
+	var b bytes.Buffer
+	if err := s.WriteManifests(&b); err != nil {
+		t.Fatal(err)
+	}
+	text := b.String()
+	if n := strings.Count(text, "kind: Service\n"); n != 3 {
+		t.Fatalf("%d Services", n)
+	}
+	if n := strings.Count(text, "kind: EndpointSlice\n"); n != 3 {
+		t.Fatalf("%d EndpointSlices", n)
+	}
+	for _, want := range []string{"clusterIP: 198.19.0.3\n", "kubernetes.io/service-name: svc-2\n", "- addresses: [\"198.18.1.3\"]\n", "protocol: UDP\n"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("missing %q", want)
+		}
+	}
+}

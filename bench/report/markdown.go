@@ -183,13 +183,13 @@ func Markdown(w io.Writer, r *Run, plots []string) error {
 	p("\nThroughput targets compare per-core capacity (1 / forwarding cost per packet, measured at a rate every path carries), because the generator's ceiling is below xdproxy's limit on this machine; the zero-loss rates are in the table below.\n\n")
 
 	p("## Packet forwarding\n\n")
-	p("| path | services | flows | zero-loss kpps | cost ns/pkt (threads) | cost ns/pkt (CPU %d) | capacity kpps/core | setup |\n|---|---:|---:|---:|---:|---:|---:|---:|\n", r.FwdCPU)
+	p("| path | services | flows | zero-loss kpps | cost ns/pkt | capacity kpps/core | loss in cost runs | setup |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, x := range r.Packet {
 		zl := kpps(x.ZeroLoss)
 		if x.AtGenLimit {
 			zl = ">= " + zl + " (generator limit)"
 		}
-		p("| %s | %d | %d | %s | %.0f | %.0f | %s | %v |\n", x.Path, x.Services, x.Flows, zl, x.CostNs, x.CPUNs, kpps(x.Capacity()), x.Setup.Round(time.Millisecond))
+		p("| %s | %d | %d | %s | %.0f | %s | %.2f%% | %v |\n", x.Path, x.Services, x.Flows, zl, x.CostNs, kpps(x.Capacity()), x.CostLoss*100, x.Setup.Round(time.Millisecond))
 	}
 	p("\nCost runs: each figure is the median of several runs at the cost rate; individual runs (ns/pkt):\n\n")
 	for _, x := range r.Packet {
@@ -219,6 +219,12 @@ func Markdown(w io.Writer, r *Run, plots []string) error {
 	if r.Profile != "" {
 		p("## Where xdproxy's time goes\n\nCPU profile of the xdproxy process: `%s`.\n\n```\n%s\n```\n\n", r.Profile, strings.TrimSpace(r.ProfileTop))
 	}
+	if lines := closingNote(r); len(lines) > 0 {
+		p("## Closing note\n\n")
+		for _, l := range lines {
+			p("%s\n\n", l)
+		}
+	}
 	if len(r.Notes) > 0 {
 		p("## Notes\n\n")
 		for _, n := range r.Notes {
@@ -226,4 +232,74 @@ func Markdown(w io.Writer, r *Run, plots []string) error {
 		}
 	}
 	return nil
+}
+
+// syscallShare finds the flat share of the raw syscall function in a
+// "go tool pprof -top" listing.
+func syscallShare(top string) (float64, bool) {
+	for _, l := range strings.Split(top, "\n") {
+		f := strings.Fields(l)
+		if len(f) >= 6 && strings.HasSuffix(f[5], "syscall/linux.Syscall6") {
+			var v float64
+			if _, err := fmt.Sscanf(f[1], "%f%%", &v); err == nil {
+				return v, true
+			}
+		}
+	}
+	return 0, false
+}
+
+// closingNote states, from the measured figures, how far the targets are
+// and where xdproxy's cost sits relative to the limit; it ends with what
+// would close the gap when a target is missed.
+func closingNote(r *Run) []string {
+	var missed, unknown []string
+	for _, v := range Targets(r) {
+		switch {
+		case !v.Known:
+			unknown = append(unknown, v.Target)
+		case !v.Met:
+			missed = append(missed, fmt.Sprintf("%s: %s, goal %s", v.Target, v.Got, v.Want))
+		}
+	}
+	var out []string
+	if len(missed) == 0 && len(unknown) == 0 {
+		return []string{"Every target was met in this run."}
+	}
+	if len(missed) > 0 {
+		out = append(out, "Targets missed: "+strings.Join(missed, "; ")+".")
+	}
+	if len(unknown) > 0 {
+		out = append(out, "Targets this run could not measure (see the notes for why): "+strings.Join(unknown, "; ")+".")
+	}
+	limit, okL := findAny(r, PathLimit)
+	var x Packet
+	okX := false
+	for _, p := range r.Packet {
+		if p.Path == PathXDProxy && p.CostNs > 0 && (!okX || p.Services < x.Services || p.Services == x.Services && p.Flows < x.Flows) {
+			x, okX = p, true
+		}
+	}
+	if okL && okX && limit.CostNs > 0 {
+		out = append(out, fmt.Sprintf("Where the cost sits: receiving and dropping the generator's frames costs %.0f ns/pkt on this veth path (the skb-to-XDP copy a veth makes; fed XDP frames instead, the same drop costs %s). xdproxy at %d services and %d flows costs %.0f ns/pkt, %.0f ns above that floor.",
+			limit.CostNs, limitFramesCost(r), x.Services, x.Flows, x.CostNs, x.CostNs-limit.CostNs))
+	}
+	if share, ok := syscallShare(r.ProfileTop); ok {
+		out = append(out, fmt.Sprintf("In the profile, %.0f%% of xdproxy's samples are in raw syscalls (sendto to kick copy-mode transmit, poll to sleep), the rest in the per-packet path (conntrack lookup, route lookup, rewrite).", share))
+	}
+	if len(missed) > 0 {
+		out = append(out, "What would close it (suggestions from the measurements, not measured themselves): fewer syscalls per packet (larger transmit batches, kicking the egress socket once per receive batch, busy polling on a dedicated core); and on hardware, zero-copy AF_XDP on a NIC driver, which removes the copies that veth's copy mode adds in both directions.")
+	}
+	return out
+}
+
+func limitFramesCost(r *Run) string {
+	for _, g := range r.Generators {
+		if strings.HasPrefix(g.Mode, "prog-run") {
+			if i := strings.LastIndex(g.Into, ", "); i >= 0 {
+				return strings.TrimSuffix(g.Into[i+2:], ")")
+			}
+		}
+	}
+	return "not measured"
 }

@@ -102,3 +102,15 @@ func TestWriteAll(t *testing.T) {
 		}
 	}
 }
+
+func TestClosingNote(t *testing.T) {
+	r := sampleRun()
+	r.Generators = []Generator{{Mode: "prog-run (bursty)", Into: "XDP_DROP sink on n0 (received 7000000 pps, loss 1.0%, 97 ns/pkt)"}}
+	r.ProfileTop = "      flat  flat%   sum%        cum   cum%\n     0.71s 39.66% 39.66%      0.71s 39.66%  internal/runtime/syscall/linux.Syscall6\n"
+	note := strings.Join(closingNote(r), "\n")
+	for _, want := range []string{"Targets missed: xdproxy throughput at 10000 vs 1 services", "costs 200 ns/pkt", "97 ns/pkt", "costs 500 ns/pkt, 300 ns above", "40% of xdproxy's samples", "What would close it"} {
+		if !strings.Contains(note, want) {
+			t.Errorf("closing note lacks %q:\n%s", want, note)
+		}
+	}
+}

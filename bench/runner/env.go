@@ -41,6 +41,8 @@ type env struct {
 	closers []func() error
 	set     kernelrules.ServiceSet
 	limit   bool
+	admin   string // the xdproxy binary's admin socket
+	stats   string // its stats, read just before it was stopped
 }
 
 // aim points the generator: at the node itself for the limit (its sink
@@ -68,6 +70,16 @@ func (e *env) stopXDProxy() string {
 	if e.proc == nil || e.proc.Process == nil {
 		return ""
 	}
+	if e.admin != "" {
+		out, err := exec.Command("ip", "netns", "exec", e.t.Node, e.cfg.XDProxyBin, "admin", "--socket", e.admin, "stats").Output()
+		if err == nil {
+			var v any
+			if json.Unmarshal(out, &v) == nil {
+				b, _ := json.Marshal(v)
+				e.stats = "xdproxy admin stats: " + string(b)
+			}
+		}
+	}
 	_ = e.proc.Process.Signal(syscall.SIGTERM)
 	done := make(chan error, 1)
 	go func() { done <- e.proc.Wait() }()
@@ -83,12 +95,23 @@ func (e *env) stopXDProxy() string {
 			return l
 		}
 	}
-	return ""
+	var problems []string
+	for _, l := range strings.Split(e.procErr.String(), "\n") {
+		if strings.Contains(l, "level=ERROR") || strings.Contains(l, "level=WARN") || strings.HasPrefix(l, "xdproxy-bench:") || strings.HasPrefix(l, "xdproxy:") {
+			problems = append(problems, l)
+		}
+	}
+	if e.stats != "" {
+		problems = append(problems, e.stats)
+	}
+	return tail(strings.Join(problems, "; "), 1500)
 }
 
 func (e *env) close() error {
 	var errs []error
-	e.stopXDProxy()
+	if c := e.stopXDProxy(); c != "" && e.cfg.Verbose {
+		e.cfg.Log.Printf("      %s", c)
+	}
 	for i := len(e.closers) - 1; i >= 0; i-- {
 		errs = append(errs, e.closers[i]())
 	}
@@ -170,7 +193,7 @@ func newEnv(cfg *Config, path string, services, flows int, proto kernelrules.Pro
 			if err := set.WriteIPTables(&buf); err != nil {
 				return nil, err
 			}
-			if err := e.t.ExecInput(e.t.Node, buf.Bytes(), cfg.IPTablesRestore); err != nil {
+			if err := e.t.ExecInput(e.t.Node, buf.Bytes(), cfg.RulesTimeout, cfg.IPTablesRestore); err != nil {
 				return nil, err
 			}
 		case report.PathNFTables:
@@ -178,7 +201,7 @@ func newEnv(cfg *Config, path string, services, flows int, proto kernelrules.Pro
 			if err := set.WriteNFT(&buf); err != nil {
 				return nil, err
 			}
-			if err := e.t.ExecInput(e.t.Node, buf.Bytes(), "nft", "-f", "-"); err != nil {
+			if err := e.t.ExecInput(e.t.Node, buf.Bytes(), cfg.RulesTimeout, "nft", "-f", "-"); err != nil {
 				return nil, err
 			}
 		}
@@ -197,7 +220,11 @@ func newEnv(cfg *Config, path string, services, flows int, proto kernelrules.Pro
 			fwdThreads = append(fwdThreads, th...)
 		}
 	case report.PathXDProxy:
-		if err := e.startXDProxy(services, proto, flows); err != nil {
+		launch := e.startXDProxy
+		if cfg.XDProxyBin != "" {
+			launch = func(services int, proto kernelrules.Proto, _ int) error { return e.startBinary(services, proto) }
+		}
+		if err := launch(services, proto, flows); err != nil {
 			return nil, err
 		}
 		e.setup = time.Since(start)

@@ -47,8 +47,15 @@ type Config struct {
 	TCPConcurrency int
 	// Binaries: Self is this program (for the dataplane, tcp-server and
 	// tcp-client subcommands), Pktgen the generator.
-	Self, Pktgen    string
+	Self, Pktgen string
+	// XDProxyBin, when set, is the xdproxy binary to measure (bin/xdproxy
+	// run with a generated config and services file); otherwise the
+	// dataplane subcommand of Self runs the same engine with a profile.
+	XDProxyBin      string
 	IPTablesRestore string
+	// RulesTimeout bounds one ruleset load (nft -f slows down more than
+	// linearly with the number of chains).
+	RulesTimeout time.Duration
 	// Profile writes a CPU profile of xdproxy for the variant with the
 	// most services and the most flows into the results directory.
 	Profile bool
@@ -115,8 +122,11 @@ func Run(cfg *Config) (*report.Run, error) {
 	r := &report.Run{
 		Started: time.Now(), Quick: cfg.Quick, CPUs: runtime.NumCPU(), GenCPU: cfg.Plan.GenCPU, FwdCPU: cfg.Plan.ForwardCPU,
 		FrameSize: cfg.FrameSize, Trial: cfg.Trial.String(), Tolerance: cfg.Tolerance,
-		XDProxy: "the dataplane engine (package dataplane) in its own process in the node namespace, workers pinned to the forwarding CPU, AF_XDP copy mode, 64-frame batches, conntrack capacity 1M",
+		XDProxy: "the dataplane engine (package dataplane) run by xdproxy-bench's dataplane subcommand in its own process in the node namespace, workers pinned to the forwarding CPU, AF_XDP copy mode, 64-frame batches, conntrack capacity 1M",
 		Clients: fmt.Sprintf("pods: every source is inside the cluster CIDR %v, so neither kube-proxy's rules nor xdproxy masquerade", topo.PodCIDR),
+	}
+	if cfg.XDProxyBin != "" {
+		r.XDProxy = "the xdproxy binary (" + cfg.XDProxyBin + " run --config, services from a kubectl-style file) in the node namespace, workers pinned to the forwarding CPU by its config, AF_XDP copy mode, 64-frame batches, conntrack capacity 1M"
 	}
 	r.Kernel = strings.TrimSpace(cmdOut("uname", "-r"))
 	r.LoadAvg = strings.Join(strings.Fields(readFile("/proc/loadavg"))[:3], " ")
@@ -129,7 +139,7 @@ func Run(cfg *Config) (*report.Run, error) {
 	}
 	var ceiling float64
 	for i, v := range vs {
-		if cfg.Profile && v.path == report.PathXDProxy && v.services == cfg.Services[len(cfg.Services)-1] {
+		if cfg.Profile && cfg.XDProxyBin == "" && v.path == report.PathXDProxy && v.services == cfg.Services[len(cfg.Services)-1] {
 			r.Profile = "xdproxy.cpu.pprof"
 			cfg.profileNext = filepath.Join(cfg.OutDir, r.Profile)
 		}
@@ -161,6 +171,9 @@ func Run(cfg *Config) (*report.Run, error) {
 			r.Notes = append(r.Notes, "not measured: "+err.Error())
 		}
 	}
+	if cfg.Profile && cfg.XDProxyBin != "" && cfg.Packet {
+		profileEngine(cfg, r, ceiling)
+	}
 	if cfg.TCP {
 		for _, s := range cfg.TCPServices {
 			for _, p := range []string{report.PathIPTables, report.PathNFTables, report.PathXDProxy} {
@@ -184,6 +197,44 @@ func Run(cfg *Config) (*report.Run, error) {
 	return r, nil
 }
 
+// PathProfiled names the extra measurement of the dataplane engine run by
+// the dataplane subcommand under the CPU profiler, when the main xdproxy
+// figures come from the binary (which has no profiler).
+const PathProfiled = "xdproxy-engine-profiled"
+
+// profileEngine measures xdproxy once more with the engine in the
+// dataplane subcommand, which writes a CPU profile, at the most services
+// the binary managed and the most flows.
+func profileEngine(cfg *Config, r *report.Run, ceiling float64) {
+	services := 0
+	for _, p := range r.Packet {
+		if p.Path == report.PathXDProxy {
+			services = max(services, p.Services)
+		}
+	}
+	if services == 0 || ceiling <= 0 {
+		return
+	}
+	bin := cfg.XDProxyBin
+	cfg.XDProxyBin = ""
+	defer func() { cfg.XDProxyBin = bin }()
+	r.Profile = "xdproxy.cpu.pprof"
+	cfg.profileNext = filepath.Join(cfg.OutDir, r.Profile)
+	v := variant{report.PathXDProxy, services, []int{cfg.Flows[len(cfg.Flows)-1]}}
+	cfg.Log.Printf("[profile] the engine under the profiler, %d services, flows %v", v.services, v.flows)
+	results, _, err := runPacket(cfg, v, ceiling)
+	if err != nil {
+		r.Profile = ""
+		r.Notes = append(r.Notes, "profiled engine run failed: "+err.Error())
+		return
+	}
+	for _, res := range results {
+		res.Path = PathProfiled
+		cfg.Log.Printf("    %d flows: zero-loss %.0f pps, cost %.0f ns/pkt", res.Flows, res.ZeroLoss, res.CostNs)
+		r.Packet = append(r.Packet, res)
+	}
+}
+
 func cmdOut(name string, args ...string) string {
 	out, err := exec.Command(name, args...).CombinedOutput()
 	if err != nil {
@@ -205,7 +256,12 @@ func runPacket(cfg *Config, v variant, ceiling float64) (out []report.Packet, ge
 	if err != nil {
 		return nil, nil, err
 	}
-	defer func() { err = errors.Join(err, e.close()) }()
+	defer func() {
+		if c := e.stopXDProxy(); c != "" && len(out) > 0 {
+			out[len(out)-1].Note = strings.TrimSpace(out[len(out)-1].Note + " " + c + " (whole setup)")
+		}
+		err = errors.Join(err, e.close())
+	}()
 	for _, flows := range v.flows {
 		e.aim(v.services, flows)
 		res, g, err := measure(cfg, e, v.path, v.services, flows, ceiling)
@@ -276,7 +332,7 @@ func measure(cfg *Config, e *env, path string, services, flows int, ceiling floa
 	res.CostRuns, res.CostNs, res.CPUNs, res.CostLoss = costs, search.Median(costs), search.Median(cpus), search.Median(losses)
 
 	sr, err := search.ZeroLoss(search.Options{
-		Max: 0.97 * ceiling, Min: 10_000, LossTolerance: cfg.Tolerance, Resolution: 0.05, MaxTrials: cfg.SearchTrials,
+		Max: 0.97 * ceiling, Min: 10_000, LossTolerance: cfg.Tolerance, Resolution: 0.05, MaxTrials: cfg.SearchTrials, Retries: 1,
 	}, func(rate float64) (search.Point, error) {
 		m, err := e.trial("afxdp", rate, cfg.Trial, flows)
 		return m.point, err

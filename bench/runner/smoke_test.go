@@ -41,7 +41,7 @@ func TestSmokeKernelNFTPath(t *testing.T) {
 	if err := set.WriteNFT(&rules); err != nil {
 		t.Fatal(err)
 	}
-	if err := tp.ExecInput(tp.Node, rules.Bytes(), "nft", "-f", "-"); err != nil {
+	if err := tp.ExecInput(tp.Node, rules.Bytes(), time.Minute, "nft", "-f", "-"); err != nil {
 		t.Fatal(err)
 	}
 	var sk *sink.Sink

@@ -39,8 +39,13 @@ type Options struct {
 	LossTolerance float64
 	// Resolution stops the bisection once hi-lo < Resolution*hi.
 	Resolution float64
-	// MaxTrials caps the trials of one search (the first one included).
+	// MaxTrials caps the rates one search tries (the first one included).
 	MaxTrials int
+	// Retries repeats a failing trial up to this many times; the rate
+	// passes if any repetition does. On a machine shared with other
+	// work, one descheduled thread fails a trial that the path itself
+	// would pass; retrying filters that, and the report says so.
+	Retries int
 }
 
 // Result of a zero-loss search.
@@ -72,6 +77,8 @@ func (o Options) validate() error {
 		return fmt.Errorf("%w: Resolution %v must be in (0, 1)", ErrOptions, o.Resolution)
 	case o.MaxTrials < 1:
 		return fmt.Errorf("%w: MaxTrials %d must be at least 1", ErrOptions, o.MaxTrials)
+	case o.Retries < 0:
+		return fmt.Errorf("%w: Retries %d must not be negative", ErrOptions, o.Retries)
 	}
 	return nil
 }
@@ -85,17 +92,23 @@ func ZeroLoss(o Options, trial Trial) (Result, error) {
 	if err := o.validate(); err != nil {
 		return r, err
 	}
+	rates := 0
 	run := func(rate float64) (bool, error) {
-		p, err := trial(rate)
-		if err != nil {
-			return false, err
+		rates++
+		for range 1 + o.Retries {
+			p, err := trial(rate)
+			if err != nil {
+				return false, err
+			}
+			r.Points = append(r.Points, p)
+			if p.Loss() <= o.LossTolerance {
+				if p.Sent > r.Throughput {
+					r.Throughput, r.Offered = p.Sent, rate
+				}
+				return true, nil
+			}
 		}
-		r.Points = append(r.Points, p)
-		ok := p.Loss() <= o.LossTolerance
-		if ok && p.Sent > r.Throughput {
-			r.Throughput, r.Offered = p.Sent, rate
-		}
-		return ok, nil
+		return false, nil
 	}
 	ok, err := run(o.Max)
 	if err != nil || ok {
@@ -104,9 +117,9 @@ func ZeroLoss(o Options, trial Trial) (Result, error) {
 	}
 	lo, hi := o.Min, o.Max
 	loTried := false
-	for len(r.Points) < o.MaxTrials && hi-lo >= o.Resolution*hi {
+	for rates < o.MaxTrials && hi-lo >= o.Resolution*hi {
 		mid := (lo + hi) / 2
-		if !loTried && len(r.Points) == o.MaxTrials-1 {
+		if !loTried && rates == o.MaxTrials-1 {
 			// One trial left and nothing has passed: try the floor
 			// so that a result of 0 is measured, not assumed.
 			mid = lo

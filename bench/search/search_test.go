@@ -147,3 +147,29 @@ func TestMedian(t *testing.T) {
 		t.Fatalf("median of none %v", m)
 	}
 }
+
+func TestZeroLossRetriesTransientFailures(t *testing.T) {
+	// The path carries 300k, but every other trial is disturbed and
+	// loses 5%.
+	n := 0
+	trial := func(rate float64) (Point, error) {
+		n++
+		recv := math.Min(rate, 300_000)
+		if n%2 == 1 {
+			recv *= 0.95
+		}
+		return Point{Offered: rate, Sent: rate, Received: recv}, nil
+	}
+	r, err := ZeroLoss(Options{Max: 1e6, Min: 1e4, LossTolerance: 0.001, Resolution: 0.02, MaxTrials: 20, Retries: 1}, trial)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Throughput < 290_000 || r.Throughput > 300_300 {
+		t.Fatalf("throughput %v with retries, want about 300000", r.Throughput)
+	}
+	n = 0
+	r, _ = ZeroLoss(Options{Max: 1e6, Min: 1e4, LossTolerance: 0.001, Resolution: 0.02, MaxTrials: 20}, trial)
+	if r.Throughput >= 290_000 {
+		t.Fatalf("throughput %v without retries; the disturbed trials should have pulled it down", r.Throughput)
+	}
+}

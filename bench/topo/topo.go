@@ -2,6 +2,7 @@ package topo
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
@@ -197,11 +198,21 @@ func (t *Topology) Exec(ns string, args ...string) ([]byte, error) {
 	return out, nil
 }
 
-// ExecInput runs args in ns with stdin from in.
-func (t *Topology) ExecInput(ns string, in []byte, args ...string) error {
-	cmd := t.Command(ns, args...)
+// ExecInput runs args in ns with stdin from in, killing it after timeout
+// (0: no limit).
+func (t *Topology) ExecInput(ns string, in []byte, timeout time.Duration, args ...string) error {
+	ctx := context.Background()
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", ns}, args...)...)
 	cmd.Stdin = bytes.NewReader(in)
 	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		return fmt.Errorf("topo: %s: %v did not finish in %v", ns, args, timeout)
+	}
 	if err != nil {
 		return fmt.Errorf("topo: %s: %v: %w: %s", ns, args, err, bytes.TrimSpace(out))
 	}

@@ -72,23 +72,25 @@ func ints(s string) ([]int, error) {
 func benchCmd(args []string) error {
 	fs := flag.NewFlagSet("xdproxy-bench", flag.ExitOnError)
 	var (
-		out       = fs.String("out", "bench/results", "results go to OUT/<date>/")
-		quick     = fs.Bool("quick", false, "the short run (under 3 minutes): fewer service counts, shorter trials")
-		services  = fs.String("services", "", "service counts (default 1,1000,10000,100000; quick 1,10000)")
-		flows     = fs.String("flows", "1,100000", "flow counts: one flow and many flows")
-		genCPU    = fs.Int("gen-cpu", 0, "CPU of the generator, the sink's receive work, and the TCP client and server")
-		fwdCPU    = fs.Int("forward-cpu", 1, "CPU that forwards")
-		trial     = fs.Duration("trial", 0, "length of one trial (default 1s; quick 500ms)")
-		costRate  = fs.Float64("cost-rate", 0, "offered pps of the cost runs (default: min(200k, half the generator ceiling))")
-		size      = fs.Int("size", 64, "frame size including FCS")
-		tcp       = fs.Bool("tcp", true, "run the TCP connection test")
-		packet    = fs.Bool("packet", true, "run the packet-rate tests")
-		profile   = fs.Bool("profile", true, "write a CPU profile of xdproxy at the most services and flows")
-		pktgenBin = fs.String("pktgen", "", "xdproxy-pktgen binary (default: next to this one)")
-		nice      = fs.Int("nice", -10, "nice value of the generator, the forwarding threads and xdproxy")
-		only      = fs.String("only", "", "measure only these paths (comma-separated; the limit always runs first)")
-		verbose   = fs.Bool("v", false, "log every trial")
-		iptables  = fs.String("iptables-restore", "iptables-restore", "iptables-restore binary (iptables-legacy-restore for the legacy backend)")
+		out          = fs.String("out", "bench/results", "results go to OUT/<date>/")
+		quick        = fs.Bool("quick", false, "the short run (under 3 minutes): fewer service counts, shorter trials")
+		services     = fs.String("services", "", "service counts (default 1,1000,10000,100000; quick 1,10000)")
+		flows        = fs.String("flows", "1,100000", "flow counts: one flow and many flows")
+		genCPU       = fs.Int("gen-cpu", 0, "CPU of the generator, the sink's receive work, and the TCP client and server")
+		fwdCPU       = fs.Int("forward-cpu", 1, "CPU that forwards")
+		trial        = fs.Duration("trial", 0, "length of one trial (default 1s; quick 500ms)")
+		costRate     = fs.Float64("cost-rate", 0, "offered pps of the cost runs (default: min(200k, half the generator ceiling))")
+		size         = fs.Int("size", 64, "frame size including FCS")
+		tcp          = fs.Bool("tcp", true, "run the TCP connection test")
+		packet       = fs.Bool("packet", true, "run the packet-rate tests")
+		profile      = fs.Bool("profile", true, "write a CPU profile of xdproxy at the most services and flows")
+		pktgenBin    = fs.String("pktgen", "", "xdproxy-pktgen binary (default: next to this one)")
+		nice         = fs.Int("nice", -10, "nice value of the generator, the forwarding threads and xdproxy")
+		rulesTimeout = fs.Duration("rules-timeout", 3*time.Minute, "give up on a ruleset that takes longer than this to load")
+		only         = fs.String("only", "", "measure only these paths (comma-separated; the limit always runs first)")
+		verbose      = fs.Bool("v", false, "log every trial")
+		xdproxyBin   = fs.String("xdproxy", "auto", "xdproxy binary to measure; auto: the one next to this program if present; none: the engine run by the dataplane subcommand (with --profile, that engine is also run once under the profiler)")
+		iptables     = fs.String("iptables-restore", "iptables-restore", "iptables-restore binary (iptables-legacy-restore for the legacy backend)")
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -102,6 +104,15 @@ func benchCmd(args []string) error {
 	}
 	if *pktgenBin == "" {
 		*pktgenBin = filepath.Join(filepath.Dir(self), "xdproxy-pktgen")
+	}
+	switch *xdproxyBin {
+	case "auto":
+		*xdproxyBin = filepath.Join(filepath.Dir(self), "xdproxy")
+		if _, err := os.Stat(*xdproxyBin); err != nil {
+			*xdproxyBin = ""
+		}
+	case "none":
+		*xdproxyBin = ""
 	}
 	if _, err := os.Stat(*pktgenBin); err != nil {
 		return fmt.Errorf("generator: %w (run make build)", err)
@@ -119,8 +130,8 @@ func benchCmd(args []string) error {
 		Trial: time.Second, CostRuns: 5, SearchTrials: 7, CurvePoints: 5, CostRate: *costRate,
 		FrameSize: *size, Tolerance: 0.001, Settle: 150 * time.Millisecond,
 		Packet: *packet, TCP: *tcp, TCPServices: []int{1, 10000}, TCPDuration: 3 * time.Second, TCPConcurrency: 8,
-		Self: self, Pktgen: *pktgenBin, IPTablesRestore: *iptables, Profile: *profile, Verbose: *verbose, Nice: *nice,
-		Only: splitList(*only),
+		Self: self, Pktgen: *pktgenBin, IPTablesRestore: *iptables, RulesTimeout: *rulesTimeout, Profile: *profile, Verbose: *verbose, Nice: *nice,
+		Only: splitList(*only), XDProxyBin: *xdproxyBin,
 	}
 	svc := "1,1000,10000,100000"
 	if *quick {
@@ -157,9 +168,12 @@ func benchCmd(args []string) error {
 		r.Notes = append(r.Notes, "the run stopped early: "+runErr.Error())
 	}
 	if r.Profile != "" {
-		top, err := exec.Command("go", "tool", "pprof", "-top", "-nodecount=25", self, filepath.Join(dir, r.Profile)).Output()
-		if err == nil {
+		top, err := exec.Command("go", "tool", "pprof", "-top", "-nodecount=30", self, filepath.Join(dir, r.Profile)).CombinedOutput()
+		if err != nil {
+			r.Notes = append(r.Notes, fmt.Sprintf("go tool pprof failed (%v): %s", err, top))
+		} else {
 			r.ProfileTop = string(top)
+			_ = os.WriteFile(filepath.Join(dir, "xdproxy.cpu.top.txt"), top, 0o644)
 		}
 	}
 	r.Notes = append(r.Notes, notes(r)...)
@@ -180,9 +194,9 @@ func benchCmd(args []string) error {
 // notes are the standing caveats of a run on this kind of machine.
 func notes(r *report.Run) []string {
 	return []string{
-		"Trials are short (" + r.Trial + ") compared with RFC 2544's 60 s; each zero-loss figure is one bisection, each cost figure the median of several runs in the same run.",
+		"Trials are short (" + r.Trial + ") compared with RFC 2544's 60 s; each zero-loss figure is one bisection in which a failing trial is repeated once and the rate passes if either passes (other work on this shared machine deschedules the forwarding threads now and then), each cost figure the median of several runs in the same run.",
 		"The generator shares its CPU with the sink's receive work; its AF_XDP ceiling caps every zero-loss search, so paths that reach it are marked 'generator limit' and compared by cost instead.",
-		"Cost per packet (threads) is the run time of the node's NAPI kthreads (pinned to the forwarding CPU) plus, for xdproxy, every thread of its process, divided by packets that reached the sink; it is not disturbed by other work on the machine. The CPU column is /proc/stat busy time of the forwarding CPU per packet and includes whatever else ran there.",
+		"Cost per packet (threads) is the run time of the node's NAPI kthreads (pinned to the forwarding CPU) plus, for xdproxy, every thread of its process, divided by packets that reached the sink; it is not disturbed by other work on the machine. throughput.csv also has cpu_ns_per_pkt, /proc/stat busy time of the forwarding CPU per packet: on this VM those tick-sampled counters disagree with the threads' own run time by up to 10x in both directions, so the report does not use them.",
 		"Kernel paths: GRO is on for n0/n1 so that receive work runs in their (threaded, pinned) NAPI instances; TSO is off on g0/s0 for every variant (an XDP program on the peer turns it off anyway).",
 		"Many-flow runs cycle through the flows over and over (after a warm-up that sends each once), so most packets hit established connection-tracking entries in both the kernel and xdproxy; new-connection cost is what the TCP test measures.",
 	}
