@@ -38,7 +38,9 @@ type EngineConfig struct {
 	// SNATAddress4 overrides the masquerade source of IPv4 flows; zero
 	// means the address of the interface the flow leaves through.
 	SNATAddress4 packet.Addr
-	Log          *slog.Logger
+	// XDPTables sizes the XDP maps; MaxFlows is set from Conntrack.
+	XDPTables xdp.Options
+	Log       *slog.Logger
 }
 
 // Engine is the running dataplane: the XDP programs, one AF_XDP socket and
@@ -98,7 +100,9 @@ func Start(cfg EngineConfig) (e *Engine, err error) {
 	// The flow map holds one reply tuple per DNAT-only connection; size it
 	// like the connection table so that the kernel's LRU never evicts a
 	// live flow's entry.
-	if e.objs, err = xdp.Load(xdp.Options{MaxFlows: e.ct.Capacity()}); err != nil {
+	xo := cfg.XDPTables
+	xo.MaxFlows = e.ct.Capacity()
+	if e.objs, err = xdp.Load(xo); err != nil {
 		return nil, fmt.Errorf("loading the XDP program: %w", err)
 	}
 	for _, ic := range cfg.Interfaces {

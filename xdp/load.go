@@ -17,7 +17,7 @@ const ProgramName = bpfProgXdproxyXdp
 const (
 	DefaultMaxFrontends = 65536
 	DefaultMaxBackends  = 65536
-	DefaultMaxAddrs     = 4096
+	DefaultMaxAddrs     = 65536
 	DefaultMaxFlows     = 262144
 )
 

@@ -25,8 +25,12 @@ func TestLayout(t *testing.T) {
 	if s.VIP(0) != netip.MustParseAddr("198.19.0.1") || s.VIP(255) != netip.MustParseAddr("198.19.1.0") {
 		t.Fatalf("VIPs %v %v", s.VIP(0), s.VIP(255))
 	}
-	if s.Port(65535) != 80 || s.Port(65536) != 81 || s.VIP(65536) != s.VIP(0) {
-		t.Fatalf("service 65536 at %v:%d, want %v:81", s.VIP(65536), s.Port(65536), s.VIP(0))
+	if s.Port(AddrsPerPort-1) != 80 || s.Port(AddrsPerPort) != 81 || s.VIP(AddrsPerPort) != s.VIP(0) {
+		t.Fatalf("service %d at %v:%d, want %v:81", AddrsPerPort, s.VIP(AddrsPerPort), s.Port(AddrsPerPort), s.VIP(0))
+	}
+	big := testSet(100_000, 2)
+	if err := big.Validate(); err != nil {
+		t.Fatalf("100,000 services do not fit the /16: %v", err)
 	}
 	// Every (VIP, port) is distinct.
 	seen := map[netip.AddrPort]bool{}

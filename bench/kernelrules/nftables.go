@@ -118,7 +118,7 @@ func (s ServiceSet) WriteNFT(w io.Writer) error {
 		}
 	}
 	// Elements last, as kube-proxy does: the chains they name must exist.
-	distinct := min(s.Count, addrsPerPort)
+	distinct := min(s.Count, AddrsPerPort)
 	for i := 0; i < distinct; i += 1000 {
 		p("add element %s cluster-ips {", t)
 		for j := i; j < min(distinct, i+1000); j++ {

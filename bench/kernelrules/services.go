@@ -22,8 +22,8 @@ type ServiceSet struct {
 	Count int
 	Proto Proto
 	// VIPBase is the first cluster IP; services take consecutive
-	// addresses, and after 65,536 of them the addresses repeat with the
-	// next port (see VIP and Port).
+	// addresses, and after AddrsPerPort of them the addresses repeat with
+	// the next port (see VIP and Port).
 	VIPBase netip.Addr
 	// BasePort is the port of the first 65,536 services.
 	BasePort uint16
@@ -39,9 +39,10 @@ type ServiceSet struct {
 	Namespace string
 }
 
-// addrsPerPort is how many consecutive VIPs share one port before the
-// layout moves to the next port.
-const addrsPerPort = 1 << 16
+// AddrsPerPort is how many consecutive VIPs share one port before the
+// layout moves to the next port: a /16 service range holds 65,000 VIPs
+// above its first address with room to spare.
+const AddrsPerPort = 65000
 
 // Validate reports a set that cannot be laid out.
 func (s ServiceSet) Validate() error {
@@ -56,10 +57,10 @@ func (s ServiceSet) Validate() error {
 		return fmt.Errorf("kernelrules: no endpoints")
 	case !s.ClusterCIDR.IsValid() || !s.ServiceCIDR.IsValid():
 		return fmt.Errorf("kernelrules: cluster and service CIDRs are required")
-	case int(s.BasePort)+(s.Count-1)/addrsPerPort > 65535:
+	case int(s.BasePort)+(s.Count-1)/AddrsPerPort > 65535:
 		return fmt.Errorf("kernelrules: %d services do not fit above port %d", s.Count, s.BasePort)
 	}
-	last := s.VIP(min(s.Count, addrsPerPort) - 1)
+	last := s.VIP(min(s.Count, AddrsPerPort) - 1)
 	if !s.ServiceCIDR.Contains(s.VIPBase) || !s.ServiceCIDR.Contains(last) {
 		return fmt.Errorf("kernelrules: VIPs %v-%v leave the service CIDR %v", s.VIPBase, last, s.ServiceCIDR)
 	}
@@ -70,12 +71,12 @@ func (s ServiceSet) Validate() error {
 func (s ServiceSet) VIP(i int) netip.Addr {
 	b := s.VIPBase.As4()
 	v := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
-	v += uint32(i % addrsPerPort)
+	v += uint32(i % AddrsPerPort)
 	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
 }
 
 // Port is the service port of service i.
-func (s ServiceSet) Port(i int) uint16 { return s.BasePort + uint16(i/addrsPerPort) }
+func (s ServiceSet) Port(i int) uint16 { return s.BasePort + uint16(i/AddrsPerPort) }
 
 // Name is the Service name of service i.
 func (s ServiceSet) Name(i int) string { return fmt.Sprintf("svc-%d", i) }

@@ -85,15 +85,20 @@ func throughputPlot(r *Run) (*plot.Plot, bool, error) {
 	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
 	p.Legend.Top = true
 	var args []any
+	maxY := 0.0
 	for _, k := range sortedSeries(series) {
 		xy := series[k]
+		for _, pt := range xy {
+			maxY = max(maxY, pt.Y)
+		}
 		sort.Slice(xy, func(i, j int) bool { return xy[i].X < xy[j].X })
 		args = append(args, fmt.Sprintf("%s, %d flows", k.path, k.flows), xy)
 	}
 	if err := plotutil.AddLinePoints(p, args...); err != nil {
 		return nil, false, err
 	}
-	p.Y.Min = 0
+	// Headroom above the data keeps the legend off the lines.
+	p.Y.Min, p.Y.Max = 0, maxY*(1.25+0.07*float64(len(series)))
 	p.X.Min, p.X.Max = float64(minSvc)/2, float64(maxSvc)*2
 	return p, true, nil
 }
@@ -123,7 +128,7 @@ func lossPlot(r *Run) (*plot.Plot, bool, error) {
 	p.Title.Text = fmt.Sprintf("Loss against offered load (paths with services at %d services)", maxSvc)
 	p.X.Label.Text = "offered kpps"
 	p.Y.Label.Text = "loss %"
-	p.Legend.Top = true
+	p.Legend.Top, p.Legend.Left = true, true // loss starts low on the left
 	var args []any
 	for _, x := range r.Packet {
 		if x.Services != 0 && x.Services != maxSvc || len(x.Curve) == 0 {
@@ -151,8 +156,7 @@ func latencyPlot(r *Run) (*plot.Plot, bool, error) {
 	p.Title.Text = "TCP connection latency (connect, request, response, close)"
 	p.X.Label.Text = "latency (us)"
 	p.Y.Label.Text = "share of connections at or below (%)"
-	p.Legend.Top = true
-	p.Legend.Left = false
+	p.Legend.Top, p.Legend.Left = false, false // the lower right is empty
 	var args []any
 	maxX := 0.0
 	for _, t := range r.TCP {

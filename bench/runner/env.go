@@ -47,7 +47,7 @@ type env struct {
 
 // aim points the generator: at the node itself for the limit (its sink
 // drops everything), at the sink without services, else at the services.
-// Many flows are spread over min(flows, services, 65536) cluster IPs; a
+// Many flows are spread over min(flows, services, AddrsPerPort) cluster IPs; a
 // single flow goes to the last service.
 func (e *env) aim(services, flows int) {
 	e.dst, e.dsts, e.dport = topo.SinkAddrs[0], 1, UDPEndpointPort
@@ -60,7 +60,7 @@ func (e *env) aim(services, flows int) {
 	case services > 0 && flows == 1:
 		e.dst, e.dport = e.set.VIP(services-1), e.set.Port(services-1)
 	case services > 0:
-		e.dst, e.dsts, e.dport = e.set.VIP(0), min(flows, services, 65536), e.set.Port(0)
+		e.dst, e.dsts, e.dport = e.set.VIP(0), min(flows, services, kernelrules.AddrsPerPort), e.set.Port(0)
 	}
 }
 

@@ -238,6 +238,19 @@ func (t *Topology) Close() error {
 	return errors.Join(errs...)
 }
 
+// CloseAll deletes every namespace this process created, for a signal
+// handler: Close is per topology and needs the Topology value.
+func CloseAll() {
+	entries, _ := os.ReadDir("/run/netns")
+	prefix := fmt.Sprintf("%s%d-", testbed.Prefix, os.Getpid())
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), prefix) {
+			killIn(e.Name())
+			_ = run("ip", "netns", "del", e.Name())
+		}
+	}
+}
+
 func killIn(ns string) {
 	out, err := exec.Command("ip", "netns", "pids", ns).Output()
 	if err != nil {

@@ -138,6 +138,8 @@ func engineConfig(cfg *config.Config, log *slog.Logger) (dataplane.EngineConfig,
 	e := dataplane.EngineConfig{
 		BatchSize: cfg.BatchSize, BusyPoll: cfg.BusyPoll, Log: log,
 		SNATPorts: conntrack.PortRange{First: lo, Last: hi},
+		XDPTables: xdp.Options{MaxFrontends: cfg.XDPTables.MaxFrontends, MaxBackends: cfg.XDPTables.MaxBackends,
+			MaxAddrs: cfg.XDPTables.MaxAddresses},
 		Conntrack: conntrack.Config{
 			Capacity: ct.MaxEntries, FragmentCapacity: ct.FragmentTableMaxLen, FragmentTimeout: ct.FragmentTimeout.Duration,
 			Timeouts: conntrack.Timeouts{

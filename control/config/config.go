@@ -42,6 +42,21 @@ type Config struct {
 	BusyPoll bool `json:"busyPoll,omitempty"`
 	// BatchSize is the number of frames a worker handles per batch.
 	BatchSize int `json:"batchSize,omitempty"`
+	// XDPTables sizes the XDP program's maps, which the kernel allocates
+	// up front.
+	XDPTables XDPTables `json:"xdpTables,omitempty"`
+}
+
+// XDPTables sizes the XDP program's maps. Zero fields take the defaults.
+type XDPTables struct {
+	// MaxFrontends bounds frontends (service IP:port pairs, NodePorts on
+	// every node address included).
+	MaxFrontends int `json:"maxFrontends,omitempty"`
+	// MaxBackends bounds distinct endpoint IP:port pairs.
+	MaxBackends int `json:"maxBackends,omitempty"`
+	// MaxAddresses bounds distinct addresses: VIPs, endpoints and node
+	// addresses together.
+	MaxAddresses int `json:"maxAddresses,omitempty"`
 }
 
 // Interface is one NIC (or veth) that xdproxy attaches to.
@@ -357,6 +372,14 @@ func (c *Config) Validate() error {
 	case "random", "roundrobin", "maglev":
 	default:
 		errs.add("scheduler", "%q: want random, roundrobin or maglev", c.Scheduler)
+	}
+	for _, t := range []struct {
+		name string
+		v    int
+	}{{"maxFrontends", c.XDPTables.MaxFrontends}, {"maxBackends", c.XDPTables.MaxBackends}, {"maxAddresses", c.XDPTables.MaxAddresses}} {
+		if t.v < 0 || t.v > 1<<24 {
+			errs.add("xdpTables."+t.name, "%d out of range 0-16777216", t.v)
+		}
 	}
 	if c.BatchSize < 1 || c.BatchSize > 1024 {
 		errs.add("batchSize", "%d out of range 1-1024", c.BatchSize)

@@ -10,14 +10,17 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/xdproxy/xdproxy/bench/kernelrules"
@@ -38,6 +41,8 @@ func main() {
 			err = tcpServerCmd(os.Args[2:])
 		case "tcp-client":
 			err = tcpClientCmd(os.Args[2:])
+		case "report":
+			err = reportCmd(os.Args[2:])
 		default:
 			err = benchCmd(os.Args[1:])
 		}
@@ -127,7 +132,7 @@ func benchCmd(args []string) error {
 	}
 	cfg := &runner.Config{
 		Quick: *quick, Plan: topo.Plan{GenCPU: *genCPU, ForwardCPU: *fwdCPU},
-		Trial: time.Second, CostRuns: 5, SearchTrials: 7, CurvePoints: 5, CostRate: *costRate,
+		Trial: time.Second, CostRuns: 5, SearchTrials: 7, CurvePoints: 5, WarmUps: 5, CostRate: *costRate,
 		FrameSize: *size, Tolerance: 0.001, Settle: 150 * time.Millisecond,
 		Packet: *packet, TCP: *tcp, TCPServices: []int{1, 10000}, TCPDuration: 3 * time.Second, TCPConcurrency: 8,
 		Self: self, Pktgen: *pktgenBin, IPTablesRestore: *iptables, RulesTimeout: *rulesTimeout, Profile: *profile, Verbose: *verbose, Nice: *nice,
@@ -136,7 +141,7 @@ func benchCmd(args []string) error {
 	svc := "1,1000,10000,100000"
 	if *quick {
 		svc = "1,10000"
-		cfg.Trial, cfg.CostRuns, cfg.SearchTrials, cfg.CurvePoints = 500*time.Millisecond, 3, 5, 0
+		cfg.Trial, cfg.CostRuns, cfg.SearchTrials, cfg.CurvePoints, cfg.WarmUps = 500*time.Millisecond, 3, 5, 0, 2
 		cfg.TCPServices, cfg.TCPDuration = []int{1}, 2*time.Second
 	}
 	if *services != "" {
@@ -159,6 +164,15 @@ func benchCmd(args []string) error {
 		return err
 	}
 	cfg.OutDir = dir
+	// An interrupted run must not leave namespaces and processes behind.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		s := <-sigs
+		fmt.Fprintf(os.Stderr, "xdproxy-bench: %v: removing the topology\n", s)
+		topo.CloseAll()
+		os.Exit(130)
+	}()
 	r, runErr := runner.Run(cfg)
 	if r == nil {
 		return runErr
@@ -198,8 +212,34 @@ func notes(r *report.Run) []string {
 		"The generator shares its CPU with the sink's receive work; its AF_XDP ceiling caps every zero-loss search, so paths that reach it are marked 'generator limit' and compared by cost instead.",
 		"Cost per packet (threads) is the run time of the node's NAPI kthreads (pinned to the forwarding CPU) plus, for xdproxy, every thread of its process, divided by packets that reached the sink; it is not disturbed by other work on the machine. throughput.csv also has cpu_ns_per_pkt, /proc/stat busy time of the forwarding CPU per packet: on this VM those tick-sampled counters disagree with the threads' own run time by up to 10x in both directions, so the report does not use them.",
 		"Kernel paths: GRO is on for n0/n1 so that receive work runs in their (threaded, pinned) NAPI instances; TSO is off on g0/s0 for every variant (an XDP program on the peer turns it off anyway).",
-		"Many-flow runs cycle through the flows over and over (after a warm-up that sends each once), so most packets hit established connection-tracking entries in both the kernel and xdproxy; new-connection cost is what the TCP test measures.",
+		"Many-flow runs cycle through the flows over and over (after warm-up trials that send each), so most packets hit established connection-tracking entries in both the kernel and xdproxy; new-connection cost is what the TCP test measures. Where a path could not establish the flows during the warm-up (iptables at 10,000 services and more: every new flow walks the KUBE-SERVICES chain), its row's note says so and its cost is that of new flows.",
 	}
+}
+
+// reportCmd renders report.md, the CSV files and the plots of a results
+// directory again from its run.json.
+func reportCmd(args []string) error {
+	fs := flag.NewFlagSet("report", flag.ExitOnError)
+	dir := fs.String("dir", "", "results directory holding run.json")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	b, err := os.ReadFile(filepath.Join(*dir, report.RunJSON))
+	if err != nil {
+		return err
+	}
+	var r report.Run
+	if err := json.Unmarshal(b, &r); err != nil {
+		return err
+	}
+	if err := report.WriteCSV(*dir, &r); err != nil {
+		return err
+	}
+	plots, err := report.WritePlots(*dir, &r)
+	if err != nil {
+		return err
+	}
+	return report.WriteMarkdown(*dir, &r, plots)
 }
 
 func dataplaneCmd(args []string) error {
