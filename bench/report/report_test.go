@@ -52,6 +52,26 @@ func TestTargets(t *testing.T) {
 	check("share of the XDP_DROP limit (1 services, 1000 flows)", true)                // 40%
 	check("xdproxy throughput at 10000 vs 1 services (1000 flows)", false)             // -16.7%
 	check("TCP connections/s vs kernel-nftables (1 services)", false)                  // 1.6x
+	// The real kube-proxy's verdicts appear only where it was measured.
+	for name := range got {
+		if strings.Contains(name, "kube-proxy") {
+			t.Fatalf("verdict %q without kube-proxy rows", name)
+		}
+	}
+	r := sampleRun()
+	r.Packet = append(r.Packet, Packet{Path: PathKubeProxyNFTables, Services: 1, Flows: 1000, CostNs: 1000}) // 2x
+	kp := 0
+	for _, v := range Targets(r) {
+		if strings.Contains(v.Target, "kube-proxy") {
+			kp++
+			if v.Target != "per-core throughput vs the real kube-proxy (nftables) (1 services, 1000 flows)" || !v.Known || v.Met {
+				t.Fatalf("kube-proxy verdict %+v, want known and not met", v)
+			}
+		}
+	}
+	if kp != 1 {
+		t.Fatalf("%d kube-proxy verdicts, want 1", kp)
+	}
 	if !strings.Contains(got["xdproxy throughput at 10000 vs 1 services (1000 flows)"].Got, "-16.7%") {
 		t.Fatalf("scale verdict %q", got["xdproxy throughput at 10000 vs 1 services (1000 flows)"].Got)
 	}

@@ -14,7 +14,16 @@ const (
 	PathIPTables = "kernel-iptables"
 	PathNFTables = "kernel-nftables"
 	PathXDProxy  = "xdproxy"
+	// The real kube-proxy binary against a real API server, in its two
+	// modes: the truest baseline, measured at up to 1,000 services.
+	PathKubeProxyIPTables = "kube-proxy-iptables"
+	PathKubeProxyNFTables = "kube-proxy-nftables"
 )
+
+// IsKubeProxy says whether path runs the real kube-proxy.
+func IsKubeProxy(path string) bool {
+	return path == PathKubeProxyIPTables || path == PathKubeProxyNFTables
+}
 
 // Packet is the result of one packet-rate variant.
 type Packet struct {
@@ -97,6 +106,8 @@ type Run struct {
 	Tolerance float64 `json:"lossTolerance"`
 	XDProxy   string  `json:"xdproxyRunner"`
 	Clients   string  `json:"clients"`
+	// KubeProxy describes the real kube-proxy paths (empty when none ran).
+	KubeProxy string `json:"kubeProxy,omitempty"`
 
 	Generators []Generator `json:"generators"`
 	Packet     []Packet    `json:"packet"`

@@ -17,6 +17,7 @@ import (
 
 	"github.com/xdproxy/xdproxy/bench/cpuacct"
 	"github.com/xdproxy/xdproxy/bench/kernelrules"
+	"github.com/xdproxy/xdproxy/bench/kubeproxy"
 	"github.com/xdproxy/xdproxy/bench/pktgen"
 	"github.com/xdproxy/xdproxy/bench/report"
 	"github.com/xdproxy/xdproxy/bench/search"
@@ -43,6 +44,7 @@ type env struct {
 	limit   bool
 	admin   string // the xdproxy binary's admin socket
 	stats   string // its stats, read just before it was stopped
+	note    string // about the setup, for the results' notes
 }
 
 // aim points the generator: at the node itself for the limit (its sink
@@ -177,6 +179,9 @@ func newEnv(cfg *Config, path string, services, flows int, proto kernelrules.Pro
 		return nil, err
 	}
 	set := Services(max(services, 1), proto)
+	if report.IsKubeProxy(path) {
+		set.VIPBase = KubeProxyVIPBase
+	}
 	e.set = set
 	e.aim(services, flows)
 	var fwdThreads []int
@@ -206,18 +211,26 @@ func newEnv(cfg *Config, path string, services, flows int, proto kernelrules.Pro
 			}
 		}
 		e.setup = time.Since(start)
-		// GRO gives the node's veths NAPI instances, which threaded
-		// NAPI then runs on the forwarding CPU: all forwarding work
-		// happens in those kthreads.
-		for _, ifc := range []string{topo.NodeInIface, topo.NodeOutIface} {
-			if err := e.t.SetOffload(e.t.Node, ifc, "gro", true); err != nil {
-				return nil, err
-			}
-			th, err := e.threaded(e.t.Node, ifc, fwd)
-			if err != nil {
-				return nil, fmt.Errorf("%s: %w", ifc, err)
-			}
-			fwdThreads = append(fwdThreads, th...)
+		if fwdThreads, err = e.kernelForwarding(); err != nil {
+			return nil, err
+		}
+	case report.PathKubeProxyIPTables, report.PathKubeProxyNFTables:
+		mode := kubeproxy.IPTables
+		if path == report.PathKubeProxyNFTables {
+			mode = kubeproxy.NFTables
+		}
+		kp, err := kubeproxy.Start(kubeproxy.Options{
+			Mode: mode, Namespace: e.t.Node, Services: set, ClusterCIDR: topo.PodCIDR,
+			NodeName: "bench-node", NodeAddr: topo.NodeInAddr, Bins: cfg.KubeBins, Timeout: cfg.RulesTimeout,
+		})
+		if err != nil {
+			return nil, err
+		}
+		e.closers = append(e.closers, kp.Close)
+		e.setup = kp.Programmed
+		e.note = fmt.Sprintf("kube-proxy %s programmed %d services in %v after they were created through the API in %v.", mode, set.Count, kp.Programmed.Round(time.Millisecond), kp.Applied.Round(time.Millisecond))
+		if fwdThreads, err = e.kernelForwarding(); err != nil {
+			return nil, err
 		}
 	case report.PathXDProxy:
 		launch := e.startXDProxy
@@ -256,6 +269,24 @@ func newEnv(cfg *Config, path string, services, flows int, proto kernelrules.Pro
 		}
 	}
 	return e, nil
+}
+
+// kernelForwarding turns GRO on for the node's veths, which gives them
+// NAPI instances, and threaded NAPI then runs those on the forwarding CPU:
+// all of the kernel's forwarding work happens in the kthreads it returns.
+func (e *env) kernelForwarding() ([]int, error) {
+	var threads []int
+	for _, ifc := range []string{topo.NodeInIface, topo.NodeOutIface} {
+		if err := e.t.SetOffload(e.t.Node, ifc, "gro", true); err != nil {
+			return nil, err
+		}
+		th, err := e.threaded(e.t.Node, ifc, e.cfg.Plan.ForwardCPU)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", ifc, err)
+		}
+		threads = append(threads, th...)
+	}
+	return threads, nil
 }
 
 // startXDProxy starts the dataplane process in the node namespace and

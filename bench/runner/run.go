@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/xdproxy/xdproxy/bench/kernelrules"
+	"github.com/xdproxy/xdproxy/bench/kubeproxy"
 	"github.com/xdproxy/xdproxy/bench/report"
 	"github.com/xdproxy/xdproxy/bench/search"
 	"github.com/xdproxy/xdproxy/bench/topo"
@@ -70,8 +71,27 @@ type Config struct {
 	Only []string
 	// Verbose logs every trial.
 	Verbose bool
+	// KubeBins are the control plane and kube-proxy binaries of the real
+	// kube-proxy paths; KubeBinsErr, when set, says why they are missing
+	// and those paths are skipped. The paths run in full runs (and when
+	// Only names them) at the service counts up to KubeProxyMaxServices.
+	KubeBins    kubeproxy.Binaries
+	KubeBinsErr error
 
 	profileNext string
+}
+
+// KubeProxyMaxServices is the most services the real kube-proxy paths get:
+// creating more through the API server takes too long on this machine.
+const KubeProxyMaxServices = 1000
+
+// kubeProxyPaths are the real kube-proxy paths.
+var kubeProxyPaths = []string{report.PathKubeProxyIPTables, report.PathKubeProxyNFTables}
+
+// runsKubeProxy says whether path (a kube-proxy path) runs at services:
+// in full runs, or when Only names it, up to KubeProxyMaxServices.
+func (c *Config) runsKubeProxy(path string, services int) bool {
+	return (!c.Quick || slices.Contains(c.Only, path)) && services >= 1 && services <= KubeProxyMaxServices
 }
 
 // variant is one setup (path and service count) and the flow counts
@@ -98,6 +118,13 @@ func (c *Config) variants() []variant {
 				flows = []int{many}
 			}
 			vs = append(vs, variant{p, s, flows})
+		}
+	}
+	for _, p := range kubeProxyPaths {
+		for _, s := range c.Services {
+			if c.runsKubeProxy(p, s) {
+				vs = append(vs, variant{p, s, c.Flows})
+			}
 		}
 	}
 	if len(c.Only) == 0 {
@@ -138,8 +165,15 @@ func Run(cfg *Config) (*report.Run, error) {
 	if cfg.Packet {
 		vs = cfg.variants()
 	}
+	kubeRan := false
 	var ceiling float64
 	for i, v := range vs {
+		if report.IsKubeProxy(v.path) && cfg.KubeBinsErr != nil {
+			r.Notes = append(r.Notes, fmt.Sprintf("skipped: %s, %d services: %v", v.path, v.services, cfg.KubeBinsErr))
+			cfg.Log.Printf("[%d/%d] %s, %d services: skipped: %v", i+1, len(vs), v.path, v.services, cfg.KubeBinsErr)
+			continue
+		}
+		kubeRan = kubeRan || report.IsKubeProxy(v.path)
 		if cfg.Profile && cfg.XDProxyBin == "" && v.path == report.PathXDProxy && v.services == cfg.Services[len(cfg.Services)-1] {
 			r.Profile = "xdproxy.cpu.pprof"
 			cfg.profileNext = filepath.Join(cfg.OutDir, r.Profile)
@@ -177,9 +211,19 @@ func Run(cfg *Config) (*report.Run, error) {
 	}
 	if cfg.TCP {
 		for _, s := range cfg.TCPServices {
-			for _, p := range []string{report.PathIPTables, report.PathNFTables, report.PathXDProxy} {
+			for _, p := range append([]string{report.PathIPTables, report.PathNFTables, report.PathXDProxy}, kubeProxyPaths...) {
 				if len(cfg.Only) > 0 && !slices.Contains(cfg.Only, p) {
 					continue
+				}
+				if report.IsKubeProxy(p) {
+					if !cfg.runsKubeProxy(p, s) {
+						continue
+					}
+					if cfg.KubeBinsErr != nil {
+						r.Notes = append(r.Notes, fmt.Sprintf("skipped: TCP %s, %d services: %v", p, s, cfg.KubeBinsErr))
+						continue
+					}
+					kubeRan = true
 				}
 				cfg.Log.Printf("TCP: %s, %d services", p, s)
 				t, err := runTCP(cfg, p, s)
@@ -193,6 +237,10 @@ func Run(cfg *Config) (*report.Run, error) {
 				r.TCP = append(r.TCP, t)
 			}
 		}
+	}
+	if kubeRan {
+		r.KubeProxy = fmt.Sprintf("the kube-proxy binary (%s, %s) in the node namespace in iptables or nftables mode with clusterCIDR %v, against its own etcd and kube-apiserver (services and EndpointSlices created through the API before it starts; cluster IPs from %v, because the API server's own Service takes %v and is programmed too, without endpoints); at most %d services; it is not pinned, and its CPU time is not part of the forwarding cost, which is the node's NAPI kthreads' as for the kernel paths",
+			cfg.KubeBins.KubeProxy, strings.TrimSpace(cmdOut(cfg.KubeBins.KubeProxy, "--version")), topo.PodCIDR, KubeProxyVIPBase, VIPBase, KubeProxyMaxServices)
 	}
 	r.Duration = time.Since(r.Started)
 	return r, nil
@@ -281,7 +329,7 @@ func runPacket(cfg *Config, v variant, ceiling float64) (out []report.Packet, ge
 // measure runs the warm-up, the cost runs and the zero-loss search of one
 // flow count on a live setup.
 func measure(cfg *Config, e *env, path string, services, flows int, ceiling float64) (res report.Packet, gens []report.Generator, err error) {
-	res = report.Packet{Path: path, Services: services, Flows: flows, Setup: e.setup}
+	res = report.Packet{Path: path, Services: services, Flows: flows, Setup: e.setup, Note: e.note}
 
 	if path == report.PathLimit {
 		// The generators' own ceilings, straight into the XDP_DROP sink

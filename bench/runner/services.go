@@ -20,6 +20,11 @@ const (
 // VIPBase is the cluster IP of service 0.
 var VIPBase = netip.MustParseAddr("198.19.0.1")
 
+// KubeProxyVIPBase is the cluster IP of service 0 on the real kube-proxy
+// paths: their API server gives VIPBase, the first address of the service
+// range, to its own kubernetes Service.
+var KubeProxyVIPBase = VIPBase.Next()
+
 // Services is the one description of the synthetic services every path
 // gets: n services with the sink's two addresses as endpoints.
 func Services(n int, proto kernelrules.Proto) kernelrules.ServiceSet {

@@ -208,7 +208,7 @@ func (a *agent) start() {
 	}
 	a.exited = make(chan struct{})
 	go func(c *exec.Cmd, ch chan struct{}) { a.exitErr = c.Wait(); close(ch) }(a.cmd, a.exited)
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
 		select {
 		case <-a.exited:
@@ -242,7 +242,7 @@ func (a *agent) stop() {
 		if a.exitErr != nil {
 			a.t.Errorf("xdproxy exited with %v after SIGTERM\n%s", a.exitErr, a.log)
 		}
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		// Ask the Go runtime for every goroutine's stack before killing.
 		_ = a.cmd.Process.Signal(syscall.SIGQUIT)
 		select {
@@ -250,7 +250,7 @@ func (a *agent) stop() {
 		case <-time.After(3 * time.Second):
 			_ = a.cmd.Process.Kill()
 		}
-		a.t.Errorf("xdproxy did not stop within 10s of SIGTERM\n%s", a.log)
+		a.t.Errorf("xdproxy did not stop within 30s of SIGTERM\n%s", a.log)
 	}
 }
 
@@ -284,7 +284,7 @@ func (a *agent) dump() string {
 // waitBackends waits until the service named name lists n backends.
 func (a *agent) waitBackends(name string, n int) {
 	a.t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		var svcs []serviceReply
 		if a.query("services", &svcs) == nil {

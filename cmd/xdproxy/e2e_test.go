@@ -37,7 +37,7 @@ func newTopology(t *testing.T, opts testbed.Options) *testbed.Testbed {
 // get fetches url with a fresh connection from the client namespace and
 // returns the backend name that answered.
 func get(tb *testbed.Testbed, url string) (string, error) {
-	resp, err := tb.HTTPClient(tb.ClientNS(), 3*time.Second).Get(url)
+	resp, err := tb.HTTPClient(tb.ClientNS(), 10*time.Second).Get(url)
 	if err != nil {
 		return "", err
 	}

@@ -111,7 +111,7 @@ func backendsReached(t *testing.T, tb *testbed.Testbed, a *agent, n int) map[str
 // eventually retries check until it returns "" or the deadline passes.
 func eventually(t *testing.T, what string, check func() string) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(40 * time.Second)
 	last := ""
 	for time.Now().Before(deadline) {
 		if last = check(); last == "" {

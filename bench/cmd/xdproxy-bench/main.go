@@ -24,10 +24,12 @@ import (
 	"time"
 
 	"github.com/xdproxy/xdproxy/bench/kernelrules"
+	"github.com/xdproxy/xdproxy/bench/kubeproxy"
 	"github.com/xdproxy/xdproxy/bench/report"
 	"github.com/xdproxy/xdproxy/bench/runner"
 	"github.com/xdproxy/xdproxy/bench/tcpbench"
 	"github.com/xdproxy/xdproxy/bench/topo"
+	"github.com/xdproxy/xdproxy/control/kubetest"
 	"github.com/xdproxy/xdproxy/dataplane/testbed"
 )
 
@@ -96,6 +98,7 @@ func benchCmd(args []string) error {
 		verbose      = fs.Bool("v", false, "log every trial")
 		xdproxyBin   = fs.String("xdproxy", "auto", "xdproxy binary to measure; auto: the one next to this program if present; none: the engine run by the dataplane subcommand (with --profile, that engine is also run once under the profiler)")
 		iptables     = fs.String("iptables-restore", "iptables-restore", "iptables-restore binary (iptables-legacy-restore for the legacy backend)")
+		kubeBin      = fs.String("kube-bin", "", "directory holding etcd, kube-apiserver and kube-proxy for the real kube-proxy paths (default: build/kube/bin of the repository, from make kube-tools)")
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -130,13 +133,19 @@ func benchCmd(args []string) error {
 	if stale, _ := testbed.CleanupStale(); len(stale) > 0 {
 		fmt.Fprintf(os.Stderr, "removed %d namespaces a killed run left behind\n", len(stale))
 	}
+	if *kubeBin != "" {
+		if err := os.Setenv(kubetest.BinDirEnv, *kubeBin); err != nil {
+			return err
+		}
+	}
+	kubeBins, kubeErr := kubeproxy.FindBinaries()
 	cfg := &runner.Config{
 		Quick: *quick, Plan: topo.Plan{GenCPU: *genCPU, ForwardCPU: *fwdCPU},
 		Trial: time.Second, CostRuns: 5, SearchTrials: 7, CurvePoints: 5, WarmUps: 5, CostRate: *costRate,
 		FrameSize: *size, Tolerance: 0.001, Settle: 150 * time.Millisecond,
 		Packet: *packet, TCP: *tcp, TCPServices: []int{1, 10000}, TCPDuration: 3 * time.Second, TCPConcurrency: 8,
 		Self: self, Pktgen: *pktgenBin, IPTablesRestore: *iptables, RulesTimeout: *rulesTimeout, Profile: *profile, Verbose: *verbose, Nice: *nice,
-		Only: splitList(*only), XDProxyBin: *xdproxyBin,
+		Only: splitList(*only), XDProxyBin: *xdproxyBin, KubeBins: kubeBins, KubeBinsErr: kubeErr,
 	}
 	svc := "1,1000,10000,100000"
 	if *quick {
