@@ -96,7 +96,7 @@ func TestUDPThroughVIP(t *testing.T) {
 			t.Fatal(err)
 		}
 		msg := fmt.Sprintf("q%d", i)
-		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
 		if _, err := c.Write([]byte(msg)); err != nil {
 			t.Fatal(err)
 		}
