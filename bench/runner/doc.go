@@ -12,6 +12,10 @@
 // forwarding CPU, so that its CPU time can be measured apart from
 // everything else.
 //
+// The real kube-proxy paths (bench/kubeproxy) run kube-proxy against its
+// own API server in the node namespace and measure the kernel's forwarding
+// threads, as for the kernel-rule paths.
+//
 // Run needs root, iproute2, ethtool, iptables-restore and nft. It deletes
 // every namespace it made, also on errors.
 package runner

@@ -221,7 +221,7 @@ func newEnv(cfg *Config, path string, services, flows int, proto kernelrules.Pro
 		}
 		kp, err := kubeproxy.Start(kubeproxy.Options{
 			Mode: mode, Namespace: e.t.Node, Services: set, ClusterCIDR: topo.PodCIDR,
-			NodeName: "bench-node", NodeAddr: topo.NodeInAddr, Bins: cfg.KubeBins, Timeout: cfg.RulesTimeout,
+			NodeName: "bench-node", NodeAddr: topo.NodeInAddr, Bins: cfg.KubeBins, CPU: cfg.Plan.GenCPU, Timeout: cfg.RulesTimeout,
 		})
 		if err != nil {
 			return nil, err

@@ -239,8 +239,8 @@ func Run(cfg *Config) (*report.Run, error) {
 		}
 	}
 	if kubeRan {
-		r.KubeProxy = fmt.Sprintf("the kube-proxy binary (%s, %s) in the node namespace in iptables or nftables mode with clusterCIDR %v, against its own etcd and kube-apiserver (services and EndpointSlices created through the API before it starts; cluster IPs from %v, because the API server's own Service takes %v and is programmed too, without endpoints); at most %d services; it is not pinned, and its CPU time is not part of the forwarding cost, which is the node's NAPI kthreads' as for the kernel paths",
-			cfg.KubeBins.KubeProxy, strings.TrimSpace(cmdOut(cfg.KubeBins.KubeProxy, "--version")), topo.PodCIDR, KubeProxyVIPBase, VIPBase, KubeProxyMaxServices)
+		r.KubeProxy = fmt.Sprintf("the kube-proxy binary (%s, %s) in the node namespace in iptables or nftables mode with clusterCIDR %v, against its own etcd and kube-apiserver (services and EndpointSlices created through the API before it starts; cluster IPs from %v, because the API server's own Service takes %v and is programmed too, without endpoints); at most %d services; kube-proxy, etcd and kube-apiserver run on the generator CPU %d, off the forwarding CPU, and their CPU time is not part of the forwarding cost, which is the node's NAPI kthreads' as for the kernel paths",
+			cfg.KubeBins.KubeProxy, strings.TrimSpace(cmdOut(cfg.KubeBins.KubeProxy, "--version")), topo.PodCIDR, KubeProxyVIPBase, VIPBase, KubeProxyMaxServices, cfg.Plan.GenCPU)
 	}
 	r.Duration = time.Since(r.Started)
 	return r, nil
