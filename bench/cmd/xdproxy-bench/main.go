@@ -169,8 +169,19 @@ func benchCmd(args []string) error {
 	if *quick {
 		dir += "-quick"
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	// Two runs started in the same minute must not write over each other.
+	if err := os.MkdirAll(*out, 0o755); err != nil {
 		return err
+	}
+	for i, base := 2, dir; ; i++ {
+		err := os.Mkdir(dir, 0o755)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, os.ErrExist) {
+			return err
+		}
+		dir = fmt.Sprintf("%s-%d", base, i)
 	}
 	cfg.OutDir = dir
 	// An interrupted run must not leave namespaces and processes behind.
@@ -179,6 +190,7 @@ func benchCmd(args []string) error {
 	go func() {
 		s := <-sigs
 		fmt.Fprintf(os.Stderr, "xdproxy-bench: %v: removing the topology\n", s)
+		kubeproxy.CloseAll()
 		topo.CloseAll()
 		os.Exit(130)
 	}()

@@ -1,0 +1,50 @@
+package kubeproxy
+
+import (
+	"io"
+	"net"
+	"time"
+
+	"github.com/xdproxy/xdproxy/dataplane/testbed"
+)
+
+// Forward listens on 127.0.0.1 inside network namespace ns and copies
+// every connection to target (host:port in the caller's namespace), so
+// that a process in ns reaches a server on the root namespace's loopback.
+// It returns the listener's address; closing the listener stops it.
+func Forward(ns, target string) (net.Listener, error) {
+	var ln net.Listener
+	// The socket belongs to the namespace it was made in; serving it from
+	// any thread afterwards is fine.
+	err := testbed.DoIn(ns, func() (err error) {
+		ln, err = net.Listen("tcp", "127.0.0.1:0")
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go relay(c, target)
+		}
+	}()
+	return ln, nil
+}
+
+func relay(c net.Conn, target string) {
+	defer c.Close()
+	up, err := net.DialTimeout("tcp", target, 5*time.Second)
+	if err != nil {
+		return // the client sees a closed connection and retries
+	}
+	defer up.Close()
+	go func() {
+		_, _ = io.Copy(up, c)
+		_ = up.(*net.TCPConn).CloseWrite()
+	}()
+	_, _ = io.Copy(c, up)
+}
