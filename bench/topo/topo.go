@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -19,7 +18,6 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
 	"github.com/xdproxy/xdproxy/dataplane/testbed"
@@ -362,59 +360,7 @@ func SetNice(nice int, tids ...int) error {
 	return nil
 }
 
-// Generic netlink "netdev" family (include/uapi/linux/netdev.h).
-const (
-	netdevCmdNAPIGet = 11
-	napiAttrIfindex  = 1
-	napiAttrPID      = 4
-)
-
 // NAPIThreads asks the kernel's netdev family for the kthread PIDs of
 // iface's NAPI instances; thread names repeat across namespaces, so names
 // cannot tell topologies apart.
-func NAPIThreads(ns, iface string) ([]int, error) {
-	var pids []int
-	err := testbed.DoIn(ns, func() error {
-		l, err := netlink.LinkByName(iface)
-		if err != nil {
-			return err
-		}
-		fam, err := netlink.GenlFamilyGet("netdev")
-		if err != nil {
-			return fmt.Errorf("netdev genl family: %w", err)
-		}
-		req := nl.NewNetlinkRequest(int(fam.ID), unix.NLM_F_DUMP)
-		req.AddData(&nl.Genlmsg{Command: netdevCmdNAPIGet, Version: 1})
-		msgs, err := req.Execute(unix.NETLINK_GENERIC, 0)
-		if err != nil {
-			return fmt.Errorf("napi-get: %w", err)
-		}
-		for _, m := range msgs {
-			if len(m) < nl.SizeofGenlmsg {
-				continue
-			}
-			attrs, err := nl.ParseRouteAttr(m[nl.SizeofGenlmsg:])
-			if err != nil {
-				return err
-			}
-			var ifindex, pid uint32
-			for _, a := range attrs {
-				if len(a.Value) < 4 {
-					continue
-				}
-				switch a.Attr.Type {
-				case napiAttrIfindex:
-					ifindex = binary.NativeEndian.Uint32(a.Value)
-				case napiAttrPID:
-					pid = binary.NativeEndian.Uint32(a.Value)
-				}
-			}
-			if int(ifindex) == l.Attrs().Index && pid != 0 {
-				pids = append(pids, int(pid))
-			}
-		}
-		return nil
-	})
-	sort.Ints(pids)
-	return pids, err
-}
+func NAPIThreads(ns, iface string) ([]int, error) { return testbed.NAPIThreadsIn(ns, iface) }

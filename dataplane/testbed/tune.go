@@ -134,12 +134,17 @@ const (
 	netdevANAPIPID     = 4
 )
 
-// NAPIThreads returns the PIDs of the NAPI kthreads of iface in ns, asked
-// from the kernel's netdev generic netlink family: kthread names
-// ("napi/n0-8193") repeat across namespaces and cannot tell testbeds apart.
-func (tb *Testbed) NAPIThreads(ns, iface string) ([]int, error) {
+// NAPIThreads returns the PIDs of the NAPI kthreads of iface in ns; see
+// NAPIThreadsIn.
+func (tb *Testbed) NAPIThreads(ns, iface string) ([]int, error) { return NAPIThreadsIn(ns, iface) }
+
+// NAPIThreadsIn returns the PIDs of the NAPI kthreads of iface in the
+// namespace ns, asked from the kernel's netdev generic netlink family:
+// kthread names ("napi/n0-8193") repeat across namespaces and cannot tell
+// testbeds apart.
+func NAPIThreadsIn(ns, iface string) ([]int, error) {
 	var pids []int
-	err := tb.Do(ns, func() error {
+	err := DoIn(ns, func() error {
 		link, err := netlink.LinkByName(iface)
 		if err != nil {
 			return err
