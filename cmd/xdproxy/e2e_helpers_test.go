@@ -66,6 +66,7 @@ type svc struct {
 	proto     string // TCP or UDP
 	backends  []int  // testbed backend indexes
 	extra     string // extra spec lines, indented for spec
+	nodePort  int    // makes it a NodePort service when not 0
 }
 
 // serviceFile renders services as kubectl-style YAML: a Service and an
@@ -77,6 +78,10 @@ func serviceFile(svcs ...svc) string {
 		if proto == "" {
 			proto = "TCP"
 		}
+		typ, nodePort := "ClusterIP", ""
+		if s.nodePort != 0 {
+			typ, nodePort = "NodePort", fmt.Sprintf("    nodePort: %d\n", s.nodePort)
+		}
 		fmt.Fprintf(&b, `---
 apiVersion: v1
 kind: Service
@@ -84,7 +89,7 @@ metadata:
   name: %s
   namespace: default
 spec:
-  type: ClusterIP
+  type: %s
   clusterIP: %s
   clusterIPs: [%s]
   ports:
@@ -92,7 +97,7 @@ spec:
     port: %d
     protocol: %s
     targetPort: %d
-%s---
+%s%s---
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata:
@@ -106,7 +111,7 @@ ports:
   port: %d
   protocol: %s
 endpoints:
-`, s.name, s.clusterIP, s.clusterIP, s.port, proto, s.target, s.extra, s.name, s.name, s.target, proto)
+`, s.name, typ, s.clusterIP, s.clusterIP, s.port, proto, s.target, nodePort, s.extra, s.name, s.name, s.target, proto)
 		for _, i := range s.backends {
 			fmt.Fprintf(&b, "- addresses: [%s]\n  conditions: {ready: true, serving: true, terminating: false}\n  nodeName: node-1\n", testbed.BackendAddr(i))
 		}

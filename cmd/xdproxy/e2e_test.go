@@ -374,3 +374,52 @@ func TestBadConfigNamesTheField(t *testing.T) {
 }
 
 var _ = sync.Mutex{}
+
+// TestNodePortMasquerades: a client outside the cluster reaches a NodePort
+// on the node's address; the flow is masqueraded to the node's address on
+// the backend side and a SNAT port, and the reply comes back through
+// xdproxy's SNAT-port rule.
+func TestNodePortMasquerades(t *testing.T) {
+	tb := newTopology(t, testbed.Options{})
+	np := webSvc
+	np.nodePort = 30080
+	a := newAgent(t, tb, serviceFile(np), agentOptions{})
+	node := tb.NodeClientSide().Addr.String()
+	seen := map[string]bool{}
+	for i := 0; i < 30; i++ {
+		name, err := get(tb, "http://"+node+":30080/")
+		if err != nil {
+			t.Fatalf("request %d to the NodePort: %v\n%s", i, err, a.dump())
+		}
+		seen[name] = true
+	}
+	if len(seen) != 3 {
+		t.Errorf("NodePort reached %v, want 3 backends", seen)
+	}
+	var flows []flowReply
+	if err := a.query("conntrack", &flows); err != nil {
+		t.Fatal(err)
+	}
+	lan := tb.NodeLANSide().Addr.String()
+	masq := 0
+	for _, f := range flows {
+		if strings.Contains(f.Original, ":30080") {
+			_, src, _ := strings.Cut(f.Translated, " ")
+			host, rest, _ := strings.Cut(src, ":")
+			port, _ := strconv.Atoi(strings.SplitN(rest, "-", 2)[0])
+			if host != lan || port < 40000 || port > 60000 {
+				t.Errorf("flow %s translated to %s: want source %s with a port in 40000-60000", f.Original, f.Translated, lan)
+			}
+			masq++
+		}
+	}
+	if masq == 0 {
+		t.Fatalf("no NodePort flow tracked: %v", flows)
+	}
+	var st struct {
+		XDP struct{ MatchSNAT uint64 } `json:"xdp"`
+	}
+	if err := a.query("stats", &st); err != nil || st.XDP.MatchSNAT == 0 {
+		t.Errorf("no reply came back through the SNAT-port rule (%+v, %v)", st, err)
+	}
+}
