@@ -423,3 +423,24 @@ func TestNodePortMasquerades(t *testing.T) {
 		t.Errorf("no reply came back through the SNAT-port rule (%+v, %v)", st, err)
 	}
 }
+
+// TestSessionAffinity: with sessionAffinity ClientIP every new connection of
+// one client goes to the same backend.
+func TestSessionAffinity(t *testing.T) {
+	tb := newTopology(t, testbed.Options{})
+	sticky := webSvc
+	sticky.extra = "  sessionAffinity: ClientIP\n"
+	a := newAgent(t, tb, serviceFile(sticky), agentOptions{})
+	first := ""
+	for i := 0; i < 20; i++ {
+		name, err := get(tb, "http://198.19.0.10/")
+		if err != nil {
+			t.Fatalf("request %d: %v\n%s", i, err, a.dump())
+		}
+		if first == "" {
+			first = name
+		} else if name != first {
+			t.Fatalf("request %d went to %s, the first to %s", i, name, first)
+		}
+	}
+}
