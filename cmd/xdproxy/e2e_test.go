@@ -444,3 +444,34 @@ func TestSessionAffinity(t *testing.T) {
 		}
 	}
 }
+
+// TestNoEndpointsRejects: like kube-proxy's REJECT rule, a service without
+// endpoints answers TCP with a reset and UDP with ICMP port unreachable, so
+// clients fail at once instead of timing out.
+func TestNoEndpointsRejects(t *testing.T) {
+	tb := newTopology(t, testbed.Options{})
+	emptyTCP := svc{name: "empty-tcp", clusterIP: "198.19.0.40", port: 80, target: 80}
+	emptyUDP := svc{name: "empty-udp", clusterIP: "198.19.0.41", port: 53, target: 53, proto: "UDP"}
+	a := newAgent(t, tb, serviceFile(webSvc, emptyTCP, emptyUDP), agentOptions{})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := tb.Dial(ctx, tb.ClientNS(), "tcp", "198.19.0.40:80")
+	if err == nil || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("TCP to a service without endpoints: %v, want connection refused\n%s", err, a.dump())
+	}
+	t.Logf("TCP refused after %v", time.Since(start).Round(time.Millisecond))
+	c, err := tb.Dial(ctx, tb.ClientNS(), "udp", "198.19.0.41:53")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write([]byte("q")); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Read(make([]byte, 64))
+	if err == nil || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("UDP to a service without endpoints: %v, want connection refused (ICMP port unreachable)\n%s", err, a.dump())
+	}
+}
