@@ -137,9 +137,10 @@ type agent struct {
 }
 
 type agentOptions struct {
-	queues   int
-	cpus     []int // per queue, for both interfaces
-	extraCfg string
+	clusterCIDR string // default 198.18.0.0/24, the client's subnet
+	queues      int
+	cpus        []int // per queue, for both interfaces
+	extraCfg    string
 }
 
 func writeFileAtomic(t *testing.T, path, content string) {
@@ -178,6 +179,9 @@ func newAgentWith(t *testing.T, tb *testbed.Testbed, services string, o agentOpt
 			o.cpus = append(o.cpus, q%2)
 		}
 	}
+	if o.clusterCIDR == "" {
+		o.clusterCIDR = "198.18.0.0/24"
+	}
 	queues, cpus := "", ""
 	for q := 0; q < o.queues; q++ {
 		queues += fmt.Sprintf("%d,", q)
@@ -188,13 +192,13 @@ func newAgentWith(t *testing.T, tb *testbed.Testbed, services string, o agentOpt
 interfaces:
   - {name: %s, queues: [%s], cpus: [%s], xdpMode: native, numFrames: 4096}
   - {name: %s, queues: [%s], cpus: [%s], xdpMode: native, numFrames: 4096}
-%sclusterCIDR: 198.18.0.0/24
+%sclusterCIDR: %s
 masquerade:
   portRange: 40000-60000
 metricsAddress: 127.0.0.1:0
 healthzAddress: 127.0.0.1:0
 adminSocket: %s
-%s`, tb.NodeClientSide().Iface, queues, cpus, tb.NodeLANSide().Iface, queues, cpus, sourceCfg, a.admin, o.extraCfg)
+%s`, tb.NodeClientSide().Iface, queues, cpus, tb.NodeLANSide().Iface, queues, cpus, sourceCfg, o.clusterCIDR, a.admin, o.extraCfg)
 	writeFileAtomic(t, a.config, cfg)
 	a.start()
 	t.Cleanup(func() { a.stop() })

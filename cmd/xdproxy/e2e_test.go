@@ -475,3 +475,43 @@ func TestNoEndpointsRejects(t *testing.T) {
 		t.Fatalf("UDP to a service without endpoints: %v, want connection refused (ICMP port unreachable)\n%s", err, a.dump())
 	}
 }
+
+// TestIPv6ClusterIP: an IPv6 service, an IPv6 client and IPv6 endpoints,
+// through the same XDP program, conntrack and NAT.
+func TestIPv6ClusterIP(t *testing.T) {
+	tb := newTopology(t, testbed.Options{IPv6: true})
+	services := `apiVersion: v1
+kind: Service
+metadata: {name: web6, namespace: default}
+spec:
+  clusterIP: 2001:db8:19::10
+  clusterIPs: [2001:db8:19::10]
+  ipFamilies: [IPv6]
+  ports: [{name: http, port: 80, targetPort: 80, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web6-1
+  namespace: default
+  labels: {kubernetes.io/service-name: web6}
+addressType: IPv6
+ports: [{name: http, port: 80, protocol: TCP}]
+endpoints:
+`
+	for i := 0; i < 3; i++ {
+		services += fmt.Sprintf("- {addresses: [%s], conditions: {ready: true}}\n", testbed.BackendAddr6(i))
+	}
+	a := newAgent(t, tb, services, agentOptions{clusterCIDR: "198.18.0.0/24,2001:db8:18::/64"})
+	seen := map[string]bool{}
+	for i := 0; i < 30; i++ {
+		name, err := get(tb, "http://[2001:db8:19::10]/")
+		if err != nil {
+			t.Fatalf("request %d: %v\n%s", i, err, a.dump())
+		}
+		seen[name] = true
+	}
+	if len(seen) != 3 {
+		t.Errorf("IPv6 service reached %v, want 3 backends", seen)
+	}
+}
