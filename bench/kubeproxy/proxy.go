@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/xdproxy/xdproxy/control/kubetest"
+	"github.com/xdproxy/xdproxy/dataplane/testbed"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -42,9 +44,9 @@ type Options struct {
 type Proxy struct {
 	opts    Options
 	dir     string
-	cluster *Cluster
+	cluster *kubetest.Cluster
 	stopFwd func() error
-	proc    *process
+	proc    *kubetest.Process
 	config  string
 	// Applied is how long creating the services through the API took;
 	// Programmed how long kube-proxy took from its start until its rules
@@ -72,7 +74,7 @@ func Start(o Options) (_ *Proxy, err error) {
 	if p.dir, err = os.MkdirTemp("", "xdproxy-bench-kube-"); err != nil {
 		return nil, err
 	}
-	if p.cluster, err = StartCluster(p.dir, o.Bins, o.Services.ServiceCIDR, o.CPU); err != nil {
+	if p.cluster, err = StartCluster(p.dir, o.Services.ServiceCIDR, o.CPU); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), o.Timeout)
@@ -86,7 +88,7 @@ func Start(o Options) (_ *Proxy, err error) {
 	}
 	p.Applied = time.Since(began)
 
-	ln, err := Forward(o.Namespace, strings.TrimPrefix(p.cluster.Server(), "https://"))
+	ln, err := testbed.ForwardInto(o.Namespace, strings.TrimPrefix(p.cluster.Server(), "https://"))
 	if err != nil {
 		return nil, err
 	}
@@ -108,8 +110,8 @@ func Start(o Options) (_ *Proxy, err error) {
 		return nil, err
 	}
 	began = time.Now()
-	p.proc, err = startProcess("kube-proxy", filepath.Join(p.dir, "kube-proxy.log"),
-		pinned(o.CPU, "ip", "netns", "exec", o.Namespace, o.Bins.KubeProxy, "--config="+p.config, "--v=1")...)
+	argv := pinned(o.CPU, "ip", "netns", "exec", o.Namespace, o.Bins.KubeProxy, "--config="+p.config, "--v=1")
+	p.proc, err = kubetest.StartProcess("kube-proxy", argv[0], argv[1:], filepath.Join(p.dir, "kube-proxy.log"))
 	if err != nil {
 		return nil, err
 	}
@@ -123,10 +125,10 @@ func Start(o Options) (_ *Proxy, err error) {
 		case n == o.Services.Count:
 			p.Programmed = time.Since(began)
 			return p, nil
-		case p.proc.exited():
-			return nil, fmt.Errorf("kube-proxy exited (%v): %s", p.proc.err, p.proc.tail(3000))
+		case p.proc.Exited():
+			return nil, fmt.Errorf("kube-proxy exited (%v): %s", p.proc.Err(), p.proc.LogTail(3000))
 		case time.Since(began) > o.Timeout:
-			return nil, fmt.Errorf("kube-proxy programmed %d of %d services in %v (last error %v): %s", n, o.Services.Count, o.Timeout, err, p.proc.tail(3000))
+			return nil, fmt.Errorf("kube-proxy programmed %d of %d services in %v (last error %v): %s", n, o.Services.Count, o.Timeout, err, p.proc.LogTail(3000))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -181,7 +183,7 @@ func (p *Proxy) Log() string {
 	if p.proc == nil {
 		return ""
 	}
-	return p.proc.tail(3000)
+	return p.proc.LogTail(3000)
 }
 
 // Close stops kube-proxy and removes its rules (kube-proxy --cleanup),
@@ -191,7 +193,7 @@ func (p *Proxy) Close() error {
 	track(p, false)
 	var errs []error
 	if p.proc != nil {
-		p.proc.stop(10 * time.Second)
+		p.proc.Stop(10 * time.Second)
 		out, err := exec.Command("ip", "netns", "exec", p.opts.Namespace, p.opts.Bins.KubeProxy, "--cleanup", "--config="+p.config).CombinedOutput()
 		if left, lerr := p.rules(); lerr == nil && Programmed(p.opts.Mode, left, p.opts.Services) > 0 {
 			errs = append(errs, fmt.Errorf("kube-proxy --cleanup (%v) left its rules behind: %s", err, strings.TrimSpace(string(out))))

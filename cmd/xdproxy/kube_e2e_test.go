@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -15,43 +13,6 @@ import (
 	"github.com/xdproxy/xdproxy/control/kubetest"
 	"github.com/xdproxy/xdproxy/dataplane/testbed"
 )
-
-// forwardIntoNamespace listens on 127.0.0.1 inside ns and copies each
-// connection to target in the test's own namespace, so that an agent in the
-// node namespace reaches an API server that listens on the host's loopback.
-// The address is the same IP, so the API server's certificate still fits.
-func forwardIntoNamespace(t *testing.T, ns, target string) string {
-	t.Helper()
-	var ln net.Listener
-	err := testbed.DoIn(ns, func() error {
-		var err error
-		ln, err = net.Listen("tcp", "127.0.0.1:0")
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				up, err := net.DialTimeout("tcp", target, 2*time.Second)
-				if err != nil {
-					return // API server down: the client sees a closed connection
-				}
-				defer up.Close()
-				go io.Copy(up, c)
-				io.Copy(c, up)
-			}()
-		}
-	}()
-	return ln.Addr().String()
-}
 
 // kubeAgent starts a real API server and etcd, and xdproxy with the
 // kubernetes source in the testbed's node namespace.
@@ -66,7 +27,12 @@ func kubeAgent(t *testing.T, tb *testbed.Testbed) (*kubetest.Cluster, *agent) {
 	for _, c := range cfg.Clusters {
 		target = strings.TrimPrefix(c.Server, "https://")
 	}
-	fwd := forwardIntoNamespace(t, tb.NodeNS(), target)
+	ln, err := testbed.ForwardInto(tb.NodeNS(), target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	fwd := ln.Addr().String()
 	for _, c := range cfg.Clusters {
 		c.Server = "https://" + fwd
 	}

@@ -39,6 +39,9 @@ var DefaultServiceCIDR = netip.MustParsePrefix("198.19.0.0/16")
 
 // Options configures Start. The zero value is a usable RBAC cluster.
 type Options struct {
+	// CommandPrefix is put before each control-plane command line, for
+	// example "taskset -c 0" to keep it off a benchmark's forwarding CPU.
+	CommandPrefix []string
 	// Authorization defaults to RBAC.
 	Authorization AuthorizationMode
 	// ServiceCIDR is --service-cluster-ip-range; it defaults to DefaultServiceCIDR.
@@ -63,7 +66,7 @@ type Cluster struct {
 
 	etcdClientPort, etcdPeerPort, apiserverPort int
 
-	etcd, apiserver *process
+	etcd, apiserver *Process
 
 	kubeconfig string
 	restConfig *rest.Config
@@ -82,6 +85,24 @@ const portAttempts = 3
 func Start(t testing.TB, opts Options) *Cluster {
 	t.Helper()
 	began := time.Now()
+	c, err := newCluster(t, t.TempDir(), opts)
+	// Registered after TempDir, so it runs before the directory is removed.
+	t.Cleanup(c.Close)
+	if err != nil {
+		t.Fatalf("kubetest: %v", err)
+	}
+	t.Logf("kubetest: control plane at %s ready in %v (dir %s)",
+		c.restConfig.Host, time.Since(began).Round(time.Millisecond), c.dir)
+	return c
+}
+
+// New is Start for programs that are not tests, such as the benchmark: the
+// cluster keeps its files in dir, which the caller removes, and the caller
+// must Close it, also when New fails (Close is safe on a partial cluster).
+// StopAPIServer and StartAPIServer are for Start's clusters only.
+func New(dir string, opts Options) (*Cluster, error) { return newCluster(nil, dir, opts) }
+
+func newCluster(t testing.TB, dir string, opts Options) (*Cluster, error) {
 	if opts.Authorization == "" {
 		opts.Authorization = RBAC
 	}
@@ -91,63 +112,58 @@ func Start(t testing.TB, opts Options) *Cluster {
 	if opts.StartTimeout == 0 {
 		opts.StartTimeout = time.Minute
 	}
-	c := &Cluster{t: t, opts: opts}
+	c := &Cluster{t: t, opts: opts, dir: dir}
 	for _, b := range []struct {
 		path *string
 		name string
 	}{{&c.etcdBin, "etcd"}, {&c.apiserverBin, "kube-apiserver"}, {&c.kubectlBin, "kubectl"}} {
 		path, err := Binary(b.name)
 		if err != nil {
-			t.Fatalf("kubetest: %v", err)
+			if b.name == "kubectl" && t == nil {
+				continue // only the tests' Kubectl needs it
+			}
+			return c, err
 		}
 		*b.path = path
 	}
-
-	c.dir = t.TempDir()
 	creds, err := writeCredentials(c.dir, opts.ServiceCIDR)
 	if err != nil {
-		t.Fatalf("kubetest: credentials: %v", err)
+		return c, fmt.Errorf("credentials: %w", err)
 	}
 	c.creds = creds
-	// Registered after TempDir, so it runs before the directory is removed.
-	t.Cleanup(c.Close)
-
 	for attempt := 1; ; attempt++ {
 		ports, err := freePorts(2)
 		if err != nil {
-			t.Fatalf("kubetest: %v", err)
+			return c, err
 		}
 		c.etcdClientPort, c.etcdPeerPort = ports[0], ports[1]
 		if err = c.startEtcd(); err == nil {
 			break
 		}
 		if attempt == portAttempts || !c.etcd.portConflict() {
-			t.Fatalf("kubetest: %v", err)
+			return c, err
 		}
 	}
 	for attempt := 1; ; attempt++ {
 		ports, err := freePorts(1)
 		if err != nil {
-			t.Fatalf("kubetest: %v", err)
+			return c, err
 		}
 		c.apiserverPort = ports[0]
 		if err = c.startAPIServer(); err == nil {
 			break
 		}
 		if attempt == portAttempts || !c.apiserver.portConflict() {
-			t.Fatalf("kubetest: %v", err)
+			return c, err
 		}
 	}
-
 	if err := c.writeKubeconfig(); err != nil {
-		t.Fatalf("kubetest: %v", err)
+		return c, err
 	}
 	if err := c.waitForKubernetesService(); err != nil {
-		t.Fatalf("kubetest: %v\n%s", err, c.apiserver.logTail(dumpBytes))
+		return c, fmt.Errorf("%v\n%s", err, c.apiserver.LogTail(dumpBytes))
 	}
-	t.Logf("kubetest: control plane at %s ready in %v (dir %s)",
-		c.restConfig.Host, time.Since(began).Round(time.Millisecond), c.dir)
-	return c
+	return c, nil
 }
 
 // Kubeconfig returns the path of a kubeconfig for the cluster's admin user,
@@ -206,6 +222,41 @@ func (c *Cluster) KubectlWithInput(stdin []byte, args ...string) ([]byte, error)
 	return []byte(stdout.String()), nil
 }
 
+// startProcess starts one control-plane process, behind CommandPrefix.
+func (c *Cluster) startProcess(name, path string, args []string, logPath string) (*Process, error) {
+	if len(c.opts.CommandPrefix) > 0 {
+		args = append(append(c.opts.CommandPrefix[1:len(c.opts.CommandPrefix):len(c.opts.CommandPrefix)], path), args...)
+		path = c.opts.CommandPrefix[0]
+	}
+	return StartProcess(name, path, args, logPath)
+}
+
+// Server is the API server's URL.
+func (c *Cluster) Server() string { return c.apiserverURL() }
+
+// WriteKubeconfig writes a kubeconfig for the admin user that points at
+// server: the API server's URL, or that of a forwarder on the same IP
+// address, which the serving certificate also fits.
+func (c *Cluster) WriteKubeconfig(path, server string) error {
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["kubetest"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: c.creds.caPEM}
+	cfg.AuthInfos[adminUser] = &clientcmdapi.AuthInfo{Token: c.creds.token}
+	cfg.Contexts["kubetest"] = &clientcmdapi.Context{Cluster: "kubetest", AuthInfo: adminUser, Namespace: "default"}
+	cfg.CurrentContext = "kubetest"
+	return clientcmd.WriteToFile(*cfg, path)
+}
+
+// Logs is the end of both processes' logs, for error messages.
+func (c *Cluster) Logs() string {
+	var b strings.Builder
+	for _, p := range []*Process{c.etcd, c.apiserver} {
+		if p != nil {
+			fmt.Fprintf(&b, "%s:\n%s\n", p.name, p.LogTail(4096))
+		}
+	}
+	return b.String()
+}
+
 // stopGrace is how long a process gets to exit after SIGTERM.
 const stopGrace = 15 * time.Second
 
@@ -214,17 +265,17 @@ const stopGrace = 15 * time.Second
 // StartAPIServer.
 func (c *Cluster) StopAPIServer() {
 	c.t.Helper()
-	if c.apiserver == nil || c.apiserver.exited() {
+	if c.apiserver == nil || c.apiserver.Exited() {
 		c.t.Fatalf("kubetest: StopAPIServer: kube-apiserver is not running")
 	}
-	c.apiserver.stop(stopGrace)
+	c.apiserver.Stop(stopGrace)
 }
 
 // StartAPIServer starts kube-apiserver again on the same port, with the same
 // credentials and etcd data, and waits until it is ready.
 func (c *Cluster) StartAPIServer() {
 	c.t.Helper()
-	if c.apiserver != nil && !c.apiserver.exited() {
+	if c.apiserver != nil && !c.apiserver.Exited() {
 		c.t.Fatalf("kubetest: StartAPIServer: kube-apiserver is already running")
 	}
 	if err := c.startAPIServer(); err != nil {
@@ -242,15 +293,15 @@ func (c *Cluster) Close() {
 		return
 	}
 	c.closed = true
-	for _, p := range []*process{c.apiserver, c.etcd} {
+	for _, p := range []*Process{c.apiserver, c.etcd} {
 		if p != nil {
-			p.stop(stopGrace)
+			p.Stop(stopGrace)
 		}
 	}
-	if c.t.Failed() {
-		for _, p := range []*process{c.apiserver, c.etcd} {
+	if c.t != nil && c.t.Failed() {
+		for _, p := range []*Process{c.apiserver, c.etcd} {
 			if p != nil {
-				c.t.Logf("kubetest: %s log:\n%s", p.name, p.logTail(dumpBytes))
+				c.t.Logf("kubetest: %s log:\n%s", p.name, p.LogTail(dumpBytes))
 			}
 		}
 	}
@@ -272,7 +323,7 @@ func (c *Cluster) startEtcd() error {
 		"--unsafe-no-fsync",
 		"--log-level=warn",
 	}
-	p, err := startProcess("etcd", c.etcdBin, args, filepath.Join(c.dir, "etcd.log"))
+	p, err := c.startProcess("etcd", c.etcdBin, args, filepath.Join(c.dir, "etcd.log"))
 	if err != nil {
 		return err
 	}
@@ -309,7 +360,7 @@ func (c *Cluster) startAPIServer() error {
 		"--shutdown-watch-termination-grace-period=2s",
 	}
 	args = append(args, c.opts.APIServerArgs...)
-	p, err := startProcess("kube-apiserver", c.apiserverBin, args, filepath.Join(c.dir, "kube-apiserver.log"))
+	p, err := c.startProcess("kube-apiserver", c.apiserverBin, args, filepath.Join(c.dir, "kube-apiserver.log"))
 	if err != nil {
 		return err
 	}
@@ -335,14 +386,14 @@ const pollInterval = 50 * time.Millisecond
 
 // waitReady polls ready until it succeeds, p exits or the start timeout
 // passes. On failure it stops p and returns an error with the end of its log.
-func (c *Cluster) waitReady(p *process, ready func() error) error {
+func (c *Cluster) waitReady(p *Process, ready func() error) error {
 	deadline := time.Now().Add(c.opts.StartTimeout)
 	var last error
 	for {
 		if last = ready(); last == nil {
 			return nil
 		}
-		if p.exited() {
+		if p.Exited() {
 			last = fmt.Errorf("%w (%v)", errExited, p.waitErr)
 			break
 		}
@@ -351,8 +402,8 @@ func (c *Cluster) waitReady(p *process, ready func() error) error {
 		}
 		time.Sleep(pollInterval)
 	}
-	p.stop(stopGrace)
-	return fmt.Errorf("%s did not become ready: %v\n%s", p.name, last, p.logTail(dumpBytes))
+	p.Stop(stopGrace)
+	return fmt.Errorf("%s did not become ready: %v\n%s", p.name, last, p.LogTail(dumpBytes))
 }
 
 // checkOK GETs url and wants status 200 with want in the body.
@@ -377,16 +428,8 @@ func checkOK(client *http.Client, url, token, want string) error {
 }
 
 func (c *Cluster) writeKubeconfig() error {
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["kubetest"] = &clientcmdapi.Cluster{
-		Server:                   c.apiserverURL(),
-		CertificateAuthorityData: c.creds.caPEM,
-	}
-	cfg.AuthInfos[adminUser] = &clientcmdapi.AuthInfo{Token: c.creds.token}
-	cfg.Contexts["kubetest"] = &clientcmdapi.Context{Cluster: "kubetest", AuthInfo: adminUser, Namespace: "default"}
-	cfg.CurrentContext = "kubetest"
 	c.kubeconfig = filepath.Join(c.dir, "kubeconfig")
-	if err := clientcmd.WriteToFile(*cfg, c.kubeconfig); err != nil {
+	if err := c.WriteKubeconfig(c.kubeconfig, c.apiserverURL()); err != nil {
 		return fmt.Errorf("write kubeconfig: %w", err)
 	}
 	// Load it back, so that the clients and kubectl read the same file.
@@ -439,6 +482,6 @@ func freePorts(n int) ([]int, error) {
 }
 
 // portConflict reports whether the process failed because its port was taken.
-func (p *process) portConflict() bool {
-	return p != nil && strings.Contains(p.logTail(dumpBytes), "address already in use")
+func (p *Process) portConflict() bool {
+	return p != nil && strings.Contains(p.LogTail(dumpBytes), "address already in use")
 }

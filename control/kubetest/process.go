@@ -14,9 +14,10 @@ import (
 	"time"
 )
 
-// process is a long-running child (etcd or kube-apiserver) in its own process
-// group, with stdout and stderr appended to a log file.
-type process struct {
+// Process is a long-running child (etcd, kube-apiserver, kube-proxy) in its
+// own process group, with stdout and stderr appended to a log file. The
+// kernel kills it if this program dies without stopping it.
+type Process struct {
 	name    string
 	logPath string
 	cmd     *exec.Cmd
@@ -24,8 +25,8 @@ type process struct {
 	waitErr error         // valid after done is closed
 }
 
-// startProcess starts path with args, appending its output to logPath.
-func startProcess(name, path string, args []string, logPath string) (*process, error) {
+// StartProcess starts path with args, appending its output to logPath.
+func StartProcess(name, path string, args []string, logPath string) (*Process, error) {
 	log, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
@@ -48,7 +49,7 @@ func startProcess(name, path string, args []string, logPath string) (*process, e
 	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	p := &process{name: name, logPath: logPath, cmd: cmd, done: make(chan struct{})}
+	p := &Process{name: name, logPath: logPath, cmd: cmd, done: make(chan struct{})}
 	go func() {
 		p.waitErr = cmd.Wait()
 		close(p.done)
@@ -56,8 +57,8 @@ func startProcess(name, path string, args []string, logPath string) (*process, e
 	return p, nil
 }
 
-// exited reports whether the process has ended.
-func (p *process) exited() bool {
+// Exited reports whether the process has ended.
+func (p *Process) Exited() bool {
 	select {
 	case <-p.done:
 		return true
@@ -66,10 +67,11 @@ func (p *process) exited() bool {
 	}
 }
 
-// stop sends SIGTERM to the process group, and SIGKILL if it is still there
-// after grace. It returns once the process has been reaped.
-func (p *process) stop(grace time.Duration) {
-	if p.exited() {
+// Stop sends SIGTERM to the process group, and SIGKILL if it is still there
+// after grace. It returns once the process has been reaped. A nil Process
+// is already stopped.
+func (p *Process) Stop(grace time.Duration) {
+	if p == nil || p.Exited() {
 		return
 	}
 	pgid := p.cmd.Process.Pid
@@ -84,8 +86,16 @@ func (p *process) stop(grace time.Duration) {
 	<-p.done
 }
 
-// logTail returns at most the last maxBytes of the process's log.
-func (p *process) logTail(maxBytes int64) string {
+// Err is the process's exit status once it has exited.
+func (p *Process) Err() error {
+	if !p.Exited() {
+		return nil
+	}
+	return p.waitErr
+}
+
+// LogTail returns at most the last maxBytes of the process's log.
+func (p *Process) LogTail(maxBytes int64) string {
 	return fileTail(p.logPath, maxBytes)
 }
 

@@ -1,22 +1,20 @@
-package kubeproxy
+package testbed
 
 import (
 	"io"
 	"net"
 	"time"
-
-	"github.com/xdproxy/xdproxy/dataplane/testbed"
 )
 
-// Forward listens on 127.0.0.1 inside network namespace ns and copies
+// ForwardInto listens on 127.0.0.1 inside network namespace ns and copies
 // every connection to target (host:port in the caller's namespace), so
-// that a process in ns reaches a server on the root namespace's loopback.
-// It returns the listener's address; closing the listener stops it.
-func Forward(ns, target string) (net.Listener, error) {
+// that a process in ns reaches a server on the root namespace's loopback
+// (an API server on 127.0.0.1, say). Closing the listener stops it.
+func ForwardInto(ns, target string) (net.Listener, error) {
 	var ln net.Listener
 	// The socket belongs to the namespace it was made in; serving it from
 	// any thread afterwards is fine.
-	err := testbed.DoIn(ns, func() (err error) {
+	err := DoIn(ns, func() (err error) {
 		ln, err = net.Listen("tcp", "127.0.0.1:0")
 		return err
 	})
