@@ -184,16 +184,12 @@ func (t *Topology) Namespaces() []string { return []string{t.Gen, t.Node, t.Sink
 
 // Command returns "ip netns exec ns args...".
 func (t *Topology) Command(ns string, args ...string) *exec.Cmd {
-	return exec.Command("ip", append([]string{"netns", "exec", ns}, args...)...)
+	return testbed.CommandIn(ns, args...)
 }
 
 // Exec runs args in ns; the error carries the output.
 func (t *Topology) Exec(ns string, args ...string) ([]byte, error) {
-	out, err := t.Command(ns, args...).CombinedOutput()
-	if err != nil {
-		return out, fmt.Errorf("topo: %s: %v: %w: %s", ns, args, err, bytes.TrimSpace(out))
-	}
-	return out, nil
+	return testbed.ExecIn(ns, args...)
 }
 
 // ExecInput runs args in ns with stdin from in, killing it after timeout

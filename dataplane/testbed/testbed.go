@@ -209,14 +209,20 @@ func (tb *Testbed) NumBackends() int { return len(tb.backends) }
 func BackendName(i int) string { return fmt.Sprintf("backend-%d", i) }
 
 // Command returns an unstarted "ip netns exec ns args..." command.
-func (tb *Testbed) Command(ns string, args ...string) *exec.Cmd {
+func (tb *Testbed) Command(ns string, args ...string) *exec.Cmd { return CommandIn(ns, args...) }
+
+// Exec runs args in ns; see ExecIn.
+func (tb *Testbed) Exec(ns string, args ...string) ([]byte, error) { return ExecIn(ns, args...) }
+
+// CommandIn returns "ip netns exec ns args..." for any named namespace.
+func CommandIn(ns string, args ...string) *exec.Cmd {
 	return exec.Command("ip", append([]string{"netns", "exec", ns}, args...)...)
 }
 
-// Exec runs args in ns and returns its combined output; a failure's error
+// ExecIn runs args in ns and returns its combined output; a failure's error
 // includes that output.
-func (tb *Testbed) Exec(ns string, args ...string) ([]byte, error) {
-	out, err := tb.Command(ns, args...).CombinedOutput()
+func ExecIn(ns string, args ...string) ([]byte, error) {
+	out, err := CommandIn(ns, args...).CombinedOutput()
 	if err != nil {
 		return out, fmt.Errorf("%s: %v: %w: %s", ns, args, err, bytes.TrimSpace(out))
 	}
