@@ -30,9 +30,9 @@ deps:
 	fi
 
 # kube-tools builds a real kube-apiserver, etcd, kubectl and kube-proxy from
-# Go modules (control/kubetools is its own module); cached in build/kube.
+# Go modules (internal/kubetools is its own module); cached in build/kube.
 kube-tools:
-	./control/kubetools/build.sh $(KUBE_BIN)
+	./internal/kubetools/build.sh $(KUBE_BIN)
 
 # test runs every test, the privileged namespace tests included (run as root).
 test: deps kube-tools build
@@ -64,7 +64,7 @@ generate:
 	$(GO) generate ./xdp/...
 
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 60s ./dataplane/packet
+	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 60s ./nat/packet
 
 clean:
 	rm -rf $(BIN) build

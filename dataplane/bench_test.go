@@ -5,9 +5,9 @@ import (
 	"net/netip"
 	"testing"
 
-	"github.com/xdproxy/xdproxy/dataplane/packet"
 	"github.com/xdproxy/xdproxy/dataplane/service"
 	"github.com/xdproxy/xdproxy/nat/conntrack"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 // benchModel has n cluster-IP services of two endpoints each.

@@ -3,7 +3,7 @@ package dataplane
 import (
 	"sync/atomic"
 
-	"github.com/xdproxy/xdproxy/dataplane/packet"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 // Counters are one worker's totals. The worker accumulates a batch in a

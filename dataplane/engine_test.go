@@ -10,10 +10,10 @@ import (
 
 	"github.com/cilium/ebpf/rlimit"
 
-	"github.com/xdproxy/xdproxy/dataplane/packet"
 	"github.com/xdproxy/xdproxy/dataplane/service"
-	"github.com/xdproxy/xdproxy/dataplane/testbed"
+	"github.com/xdproxy/xdproxy/internal/testbed"
 	"github.com/xdproxy/xdproxy/nat/conntrack"
+	"github.com/xdproxy/xdproxy/nat/packet"
 	"github.com/xdproxy/xdproxy/xdp"
 	"github.com/xdproxy/xdproxy/xdp/afxdp"
 )

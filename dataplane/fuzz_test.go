@@ -4,8 +4,8 @@ import (
 	"bytes"
 	"testing"
 
-	"github.com/xdproxy/xdproxy/dataplane/packet"
 	"github.com/xdproxy/xdproxy/nat"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 // FuzzProcess feeds arbitrary frames to a Processor with real services and

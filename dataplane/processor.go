@@ -3,10 +3,10 @@ package dataplane
 import (
 	"math/bits"
 
-	"github.com/xdproxy/xdproxy/dataplane/packet"
 	"github.com/xdproxy/xdproxy/dataplane/service"
 	"github.com/xdproxy/xdproxy/nat"
 	"github.com/xdproxy/xdproxy/nat/conntrack"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 // ProcessorConfig holds what a Processor shares with the other workers.

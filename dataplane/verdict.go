@@ -1,6 +1,6 @@
 package dataplane
 
-import "github.com/xdproxy/xdproxy/dataplane/packet"
+import "github.com/xdproxy/xdproxy/nat/packet"
 
 // Action is what a worker does with a frame after Process.
 type Action uint8

@@ -3,7 +3,7 @@ package nat
 import (
 	"encoding/binary"
 
-	"github.com/xdproxy/xdproxy/dataplane/packet"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 // CompleteIfPartial finds a TCP or UDP checksum left partial by checksum

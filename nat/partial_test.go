@@ -4,7 +4,7 @@ import (
 	"encoding/binary"
 	"testing"
 
-	"github.com/xdproxy/xdproxy/dataplane/packet"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 // partial returns frame as a sender with checksum offload hands it over:

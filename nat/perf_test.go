@@ -3,7 +3,7 @@ package nat
 import (
 	"testing"
 
-	"github.com/xdproxy/xdproxy/dataplane/packet"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 // TestNoAllocations holds every per-packet function to zero allocations.

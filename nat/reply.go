@@ -3,7 +3,7 @@ package nat
 import (
 	"encoding/binary"
 
-	"github.com/xdproxy/xdproxy/dataplane/packet"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 // Header fields of the replies xdproxy builds itself.

@@ -7,7 +7,7 @@ import (
 
 	"github.com/google/gopacket/layers"
 
-	"github.com/xdproxy/xdproxy/dataplane/packet"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 func TestBuildTCPReset(t *testing.T) {

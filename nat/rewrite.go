@@ -3,7 +3,7 @@ package nat
 import (
 	"encoding/binary"
 
-	"github.com/xdproxy/xdproxy/dataplane/packet"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 // Rewrite sets the packet's source and destination to those of to and

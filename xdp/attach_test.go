@@ -19,7 +19,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/xdproxy/xdproxy/dataplane/packet"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 // xdpState is what netlink reports about an interface's XDP program.

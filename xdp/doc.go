@@ -31,5 +31,5 @@
 // FlowWriter.Flush, and only when the batch opened connections.
 //
 // No package outside xdp imports cilium/ebpf for this program: the types
-// here use dataplane/packet's Addr and Proto.
+// here use nat/packet's Addr and Proto.
 package xdp

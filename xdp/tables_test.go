@@ -11,7 +11,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/xdproxy/xdproxy/dataplane/packet"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 func TestPortIsStoredInNetworkOrder(t *testing.T) {

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/xdproxy/xdproxy/control/kubetest"
+	"github.com/xdproxy/xdproxy/internal/kubetest"
 )
 
 // Binaries are the programs the baseline runs.
@@ -43,7 +43,7 @@ func FindBinaries() (Binaries, error) {
 // seconds on this machine.
 const startTimeout = 90 * time.Second
 
-// StartCluster starts etcd and kube-apiserver (control/kubetest's control
+// StartCluster starts etcd and kube-apiserver (internal/kubetest's control
 // plane) with their files in dir, which the caller removes; both run on cpu
 // (negative: anywhere). On error nothing is left running.
 func StartCluster(dir string, serviceCIDR netip.Prefix, cpu int) (*kubetest.Cluster, error) {

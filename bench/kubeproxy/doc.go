@@ -6,6 +6,6 @@
 // or nftables mode, started from a generated KubeProxyConfiguration and
 // waited on until its rules hold every service (Start).
 //
-// The binaries are the ones `make kube-tools` builds (control/kubetools);
+// The binaries are the ones `make kube-tools` builds (internal/kubetools);
 // without them FindBinaries says so and the benchmark skips these paths.
 package kubeproxy

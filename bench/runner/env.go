@@ -23,7 +23,7 @@ import (
 	"github.com/xdproxy/xdproxy/bench/search"
 	"github.com/xdproxy/xdproxy/bench/sink"
 	"github.com/xdproxy/xdproxy/bench/topo"
-	"github.com/xdproxy/xdproxy/dataplane/testbed"
+	"github.com/xdproxy/xdproxy/internal/testbed"
 )
 
 // env is one variant's live setup: its topology, the programmed path, the

@@ -5,8 +5,8 @@ import (
 
 	"github.com/xdproxy/xdproxy/bench/kernelrules"
 	"github.com/xdproxy/xdproxy/bench/topo"
-	"github.com/xdproxy/xdproxy/dataplane/packet"
 	"github.com/xdproxy/xdproxy/dataplane/service"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 // Ports of the benchmark's services and endpoints.

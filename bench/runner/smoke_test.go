@@ -12,7 +12,7 @@ import (
 	"github.com/xdproxy/xdproxy/bench/pktgen"
 	"github.com/xdproxy/xdproxy/bench/sink"
 	"github.com/xdproxy/xdproxy/bench/topo"
-	"github.com/xdproxy/xdproxy/dataplane/testbed"
+	"github.com/xdproxy/xdproxy/internal/testbed"
 )
 
 // TestSmokeKernelNFTPath is the short privileged check of the benchmark's

@@ -20,7 +20,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/xdproxy/xdproxy/dataplane/testbed"
+	"github.com/xdproxy/xdproxy/internal/testbed"
 )
 
 // Interface names.

@@ -22,7 +22,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/xdproxy/xdproxy/dataplane/testbed"
+	"github.com/xdproxy/xdproxy/internal/testbed"
 )
 
 const services = `# The demo's services, as kubectl would apply them.

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/xdproxy/xdproxy/dataplane/testbed"
+	"github.com/xdproxy/xdproxy/internal/testbed"
 )
 
 // The end-to-end tests run the real xdproxy binary in the node namespace of

@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/xdproxy/xdproxy/dataplane/testbed"
-	"github.com/xdproxy/xdproxy/dataplane/testbed/testserver"
+	"github.com/xdproxy/xdproxy/internal/testbed"
+	"github.com/xdproxy/xdproxy/internal/testbed/testserver"
 )
 
 var (

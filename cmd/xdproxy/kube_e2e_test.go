@@ -10,8 +10,8 @@ import (
 
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/xdproxy/xdproxy/control/kubetest"
-	"github.com/xdproxy/xdproxy/dataplane/testbed"
+	"github.com/xdproxy/xdproxy/internal/kubetest"
+	"github.com/xdproxy/xdproxy/internal/testbed"
 )
 
 // kubeAgent starts a real API server and etcd, and xdproxy with the

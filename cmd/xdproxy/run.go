@@ -22,9 +22,9 @@ import (
 
 	"github.com/xdproxy/xdproxy/control/config"
 	"github.com/xdproxy/xdproxy/dataplane"
-	"github.com/xdproxy/xdproxy/dataplane/packet"
 	"github.com/xdproxy/xdproxy/dataplane/service"
 	"github.com/xdproxy/xdproxy/nat/conntrack"
+	"github.com/xdproxy/xdproxy/nat/packet"
 	"github.com/xdproxy/xdproxy/xdp"
 	"github.com/xdproxy/xdproxy/xdp/afxdp"
 )

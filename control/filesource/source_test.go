@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/xdproxy/xdproxy/dataplane/packet"
 	"github.com/xdproxy/xdproxy/dataplane/service"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 type syncBuffer struct {

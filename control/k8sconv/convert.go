@@ -17,8 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	netutils "k8s.io/utils/net"
 
-	"github.com/xdproxy/xdproxy/dataplane/packet"
 	"github.com/xdproxy/xdproxy/dataplane/service"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 // Labels and annotations that decide whether and how a service is programmed.

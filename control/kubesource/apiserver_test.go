@@ -13,8 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/xdproxy/xdproxy/control/kubesource"
-	"github.com/xdproxy/xdproxy/control/kubetest"
 	"github.com/xdproxy/xdproxy/dataplane/service"
+	"github.com/xdproxy/xdproxy/internal/kubetest"
 )
 
 func ptr[T any](v T) *T { return &v }

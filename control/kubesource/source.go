@@ -28,8 +28,8 @@ import (
 	"github.com/xdproxy/xdproxy/control/k8sconv"
 	"github.com/xdproxy/xdproxy/control/metrics"
 	"github.com/xdproxy/xdproxy/control/runner"
-	"github.com/xdproxy/xdproxy/dataplane/packet"
 	"github.com/xdproxy/xdproxy/dataplane/service"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 // Defaults, kube-proxy's where it has one.

@@ -25,8 +25,8 @@ import (
 
 	"github.com/xdproxy/xdproxy/control/metrics"
 	"github.com/xdproxy/xdproxy/control/runner"
-	"github.com/xdproxy/xdproxy/dataplane/packet"
 	"github.com/xdproxy/xdproxy/dataplane/service"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)

@@ -10,7 +10,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
-	"github.com/xdproxy/xdproxy/dataplane/packet"
+	"github.com/xdproxy/xdproxy/nat/packet"
 	"golang.org/x/sys/unix"
 )
 

@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"github.com/xdproxy/xdproxy/dataplane/packet"
 	"github.com/xdproxy/xdproxy/dataplane/route"
-	"github.com/xdproxy/xdproxy/dataplane/testbed"
+	"github.com/xdproxy/xdproxy/internal/testbed"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 // newCache builds a testbed and a Cache in its node namespace that manages

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/vishvananda/netlink"
-	"github.com/xdproxy/xdproxy/dataplane/packet"
+	"github.com/xdproxy/xdproxy/nat/packet"
 	"golang.org/x/sys/unix"
 )
 

@@ -5,8 +5,8 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"github.com/xdproxy/xdproxy/dataplane/packet"
-	"github.com/xdproxy/xdproxy/dataplane/testbed"
+	"github.com/xdproxy/xdproxy/internal/testbed"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 // TestLostSubscriptionRecovers hands the Cache a subscription whose route

@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 
 	"github.com/vishvananda/netlink"
-	"github.com/xdproxy/xdproxy/dataplane/packet"
+	"github.com/xdproxy/xdproxy/nat/packet"
 	"golang.org/x/sys/unix"
 )
 

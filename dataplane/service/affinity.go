@@ -5,7 +5,7 @@ import (
 	"math/bits"
 	"sync/atomic"
 
-	"github.com/xdproxy/xdproxy/dataplane/packet"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 // Affinity is the ClientIP session-affinity memory: for each (service

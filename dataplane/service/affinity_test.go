@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
-	"github.com/xdproxy/xdproxy/dataplane/packet"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 func affinityModel(n int) *Model {

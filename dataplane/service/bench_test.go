@@ -6,7 +6,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/xdproxy/xdproxy/dataplane/packet"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 // bigModel has the given number of ClusterIP services with the given

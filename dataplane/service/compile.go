@@ -11,7 +11,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/xdproxy/xdproxy/dataplane/maglev"
-	"github.com/xdproxy/xdproxy/dataplane/packet"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 // CompileOptions are the node-wide settings that shape a Table.

@@ -13,7 +13,7 @@ import (
 	"unsafe"
 	"weak"
 
-	"github.com/xdproxy/xdproxy/dataplane/packet"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 // randomPort is service port s of a random model: dual-stack or not, with

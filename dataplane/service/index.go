@@ -5,7 +5,7 @@ import (
 	"math/bits"
 	"net/netip"
 
-	"github.com/xdproxy/xdproxy/dataplane/packet"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 // keyIndex is an open-addressing hash table from Key to a position in a

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/xdproxy/xdproxy/dataplane/packet"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 // refCategorize restates kube-proxy's CategorizeEndpoints (topology.go)

@@ -3,7 +3,7 @@ package service
 import (
 	"math/bits"
 
-	"github.com/xdproxy/xdproxy/dataplane/packet"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 // Local origin. kube-proxy treats traffic from pods (sources inside the

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/cespare/xxhash/v2"
-	"github.com/xdproxy/xdproxy/dataplane/packet"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 // Test network. This node is node-a in zone-a. Pods live in the cluster

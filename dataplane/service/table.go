@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/xdproxy/xdproxy/dataplane/maglev"
-	"github.com/xdproxy/xdproxy/dataplane/packet"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 // Key identifies a frontend (destination address, port and protocol) or a

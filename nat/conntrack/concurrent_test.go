@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/xdproxy/xdproxy/dataplane/packet"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 // Flow i of the concurrency test is fully determined by i, so any answer

@@ -4,7 +4,7 @@ import (
 	"iter"
 	"time"
 
-	"github.com/xdproxy/xdproxy/dataplane/packet"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 // FlowInfo is a copy of one entry, for the admin CLI and for tests.

@@ -3,7 +3,7 @@ package conntrack
 import (
 	"testing"
 
-	"github.com/xdproxy/xdproxy/dataplane/packet"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 func TestKeyPacking(t *testing.T) {

@@ -3,7 +3,7 @@ package conntrack
 import (
 	"fmt"
 
-	"github.com/xdproxy/xdproxy/dataplane/packet"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 // PortRange is an inclusive range of SNAT source ports (or ICMP echo ids).

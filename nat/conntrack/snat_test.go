@@ -4,7 +4,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/xdproxy/xdproxy/dataplane/packet"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 // snatFlow inserts orig through InsertSNAT toward be:port and checks both

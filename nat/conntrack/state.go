@@ -3,7 +3,7 @@ package conntrack
 import (
 	"time"
 
-	"github.com/xdproxy/xdproxy/dataplane/packet"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 // Direction says which way a packet travels relative to the flow's first

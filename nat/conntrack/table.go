@@ -10,7 +10,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/xdproxy/xdproxy/dataplane/packet"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 // Flags say which translations a flow applies.

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/xdproxy/xdproxy/dataplane/packet"
+	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 const sec = int64(time.Second)

@@ -29,7 +29,7 @@
  *   counters   PERCPU_ARRAY, one u64 per CNT_* below.
  *
  * Addresses are 16 bytes with IPv4 IPv4-mapped (::ffff:a.b.c.d), as in
- * dataplane/packet.Addr; ports are in network byte order. For ICMP echo the
+ * nat/packet.Addr; ports are in network byte order. For ICMP echo the
  * identifier stands for both ports, because that is what NAT rewrites.
  *
  * Decision order; the first that applies decides:

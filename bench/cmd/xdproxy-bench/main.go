@@ -29,8 +29,8 @@ import (
 	"github.com/xdproxy/xdproxy/bench/runner"
 	"github.com/xdproxy/xdproxy/bench/tcpbench"
 	"github.com/xdproxy/xdproxy/bench/topo"
-	"github.com/xdproxy/xdproxy/control/kubetest"
-	"github.com/xdproxy/xdproxy/dataplane/testbed"
+	"github.com/xdproxy/xdproxy/internal/kubetest"
+	"github.com/xdproxy/xdproxy/internal/testbed"
 )
 
 func main() {

@@ -27,7 +27,7 @@ import (
 
 	"github.com/xdproxy/xdproxy/bench/pktgen"
 	"github.com/xdproxy/xdproxy/bench/sink"
-	"github.com/xdproxy/xdproxy/dataplane/testbed"
+	"github.com/xdproxy/xdproxy/internal/testbed"
 )
 
 type output struct {

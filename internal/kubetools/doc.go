@@ -3,6 +3,6 @@
 // kubectl and kube-proxy. It has its own go.mod so that the project's module
 // does not inherit the dependency tree of k8s.io/kubernetes.
 //
-// Build with ./build.sh OUTDIR (make kube-tools); control/kubetest finds the
+// Build with ./build.sh OUTDIR (make kube-tools); internal/kubetest finds the
 // binaries in build/kube/bin or in $XDPROXY_KUBE_BIN.
 package kubetools

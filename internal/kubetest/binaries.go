@@ -17,7 +17,7 @@ const BinDirEnv = "XDPROXY_KUBE_BIN"
 // the binaries by default.
 const projectModule = "github.com/xdproxy/xdproxy"
 
-// Binary returns the path of one of the programs control/kubetools builds
+// Binary returns the path of one of the programs internal/kubetools builds
 // (kube-apiserver, etcd, kubectl, kube-proxy), or an error that says how to
 // build it.
 func Binary(name string) (string, error) {
@@ -28,7 +28,7 @@ func Binary(name string) (string, error) {
 	path := filepath.Join(dir, name)
 	info, err := os.Stat(path)
 	if err != nil || !info.Mode().IsRegular() || info.Mode().Perm()&0o111 == 0 {
-		return "", fmt.Errorf("%s is not in %s: run `make kube-tools` (control/kubetools/build.sh) to build the kube tools, or set %s to a directory holding them", name, dir, BinDirEnv)
+		return "", fmt.Errorf("%s is not in %s: run `make kube-tools` (internal/kubetools/build.sh) to build the kube tools, or set %s to a directory holding them", name, dir, BinDirEnv)
 	}
 	return path, nil
 }

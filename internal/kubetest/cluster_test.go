@@ -236,7 +236,7 @@ func TestRepoRootIsTheProjectModule(t *testing.T) {
 	if got := modulePath(filepath.Join(root, "go.mod")); got != projectModule {
 		t.Fatalf("repoRoot %s has module %q, want %q", root, got, projectModule)
 	}
-	if _, err := os.Stat(filepath.Join(root, "control", "kubetest")); err != nil {
-		t.Fatalf("repoRoot %s does not hold control/kubetest: %v", root, err)
+	if _, err := os.Stat(filepath.Join(root, "internal", "kubetest")); err != nil {
+		t.Fatalf("repoRoot %s does not hold internal/kubetest: %v", root, err)
 	}
 }

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"github.com/xdproxy/xdproxy/dataplane/testbed/testserver"
+	"github.com/xdproxy/xdproxy/internal/testbed/testserver"
 )
 
 func netnsList(t *testing.T) string {

@@ -12,7 +12,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/xdproxy/xdproxy/dataplane/testbed"
+	"github.com/xdproxy/xdproxy/internal/testbed"
 )
 
 func main() {

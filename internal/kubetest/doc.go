@@ -3,7 +3,7 @@
 // certificates, keys, data and logs in the test's temporary directory.
 //
 // The programs are the upstream ones, built from Go modules by
-// control/kubetools (make kube-tools) into build/kube/bin at the repository
+// internal/kubetools (make kube-tools) into build/kube/bin at the repository
 // root, or found in the directory named by $XDPROXY_KUBE_BIN. A test that asks
 // for a cluster fails, rather than skips, when they are missing.
 //

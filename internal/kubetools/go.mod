@@ -1,4 +1,4 @@
-module github.com/xdproxy/xdproxy/control/kubetools
+module github.com/xdproxy/xdproxy/internal/kubetools
 
 go 1.26.8
 

@@ -11,7 +11,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/xdproxy/xdproxy/dataplane/testbed/testserver"
+	"github.com/xdproxy/xdproxy/internal/testbed/testserver"
 )
 
 func main() {

@@ -15,7 +15,7 @@ import (
 )
 
 // TestServerPackage is the import path of the backend server command.
-const TestServerPackage = "github.com/xdproxy/xdproxy/dataplane/testbed/cmd/xdproxy-testserver"
+const TestServerPackage = "github.com/xdproxy/xdproxy/internal/testbed/cmd/xdproxy-testserver"
 
 // Ports the backend servers listen on.
 const (

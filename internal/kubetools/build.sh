@@ -2,7 +2,7 @@
 # build.sh [OUTDIR] builds the real Kubernetes programs that control-plane tests and
 # benchmarks run against: kube-apiserver, etcd, kubectl and kube-proxy.
 #
-# OUTDIR defaults to build/kube/bin at the repository root, where control/kubetest
+# OUTDIR defaults to build/kube/bin at the repository root, where internal/kubetest
 # looks for them. Nothing is rebuilt while every binary is newer than this module's
 # go.mod, go.sum, sources and this script. A cold build takes minutes and a few GB
 # of memory; the Go build cache makes later rebuilds fast.
