@@ -11,17 +11,20 @@ import (
 // BPF_PROG_RUN (no socket: a claimed frame falls back to pass).
 func BenchmarkProgram(b *testing.B) {
 	requireRoot(b)
-	o, err := Load(Options{MaxFrontends: 65536, MaxBackends: 65536, MaxAddrs: 4096})
+	o, err := Load(Options{MaxFrontends: 65536, MaxAddrs: 4096})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer o.Close()
-	var fe, be []Key
+	var fe []Key
+	var vips []packet.Addr
 	for i := range 10000 {
 		fe = append(fe, Key{packet.AddrFrom4([4]byte{198, 18, byte(100 + i>>8), byte(i)}), 80, packet.ProtoTCP})
-		be = append(be, Key{packet.AddrFrom4([4]byte{198, 19, byte(i >> 8), byte(i)}), 8080, packet.ProtoTCP})
+		if i < 4096 {
+			vips = append(vips, fe[i].Addr)
+		}
 	}
-	if err := o.SetTables(fe, be, map[packet.Addr]Flags{packet.MustParseAddr(node4): FlagNode}, PortRange{40000, 49999}); err != nil {
+	if err := o.SetTables(fe, vips); err != nil {
 		b.Fatal(err)
 	}
 	// 100,000 replies expected, from the backends to clients in
@@ -31,7 +34,7 @@ func BenchmarkProgram(b *testing.B) {
 		for _, k := range flowKeys(1000, i) {
 			w.Add(k)
 		}
-		if err := w.Flush(); err != nil {
+		if _, err := w.Flush(); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -60,46 +63,42 @@ func BenchmarkProgram(b *testing.B) {
 	}
 }
 
-// BenchmarkSetTables measures a sync of 10,000 frontends and backends in
-// which 10% of each changes.
+// BenchmarkSetTables measures a sync of 10,000 frontends in which 10%
+// change.
 func BenchmarkSetTables(b *testing.B) {
 	requireRoot(b)
-	o, err := Load(Options{MaxFrontends: 65536, MaxBackends: 65536, MaxAddrs: 4096})
+	o, err := Load(Options{MaxFrontends: 65536, MaxAddrs: 4096})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer o.Close()
-	gen := func(shift int) (fe, be []Key) {
+	gen := func(shift int) (fe []Key) {
 		for i := range 10000 {
 			j := i
 			if i < 1000 {
 				j = i + shift
 			}
 			fe = append(fe, Key{packet.AddrFrom4([4]byte{198, 18, byte(j >> 8), byte(j)}), 80, packet.ProtoTCP})
-			be = append(be, Key{packet.AddrFrom4([4]byte{198, 19, byte(j >> 8), byte(j)}), 8080, packet.ProtoTCP})
 		}
-		return fe, be
+		return fe
 	}
-	fe0, be0 := gen(0)
-	fe1, be1 := gen(20000)
+	fe0, fe1 := gen(0), gen(20000)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := range b.N {
-		fe, be := fe0, be0
+		fe := fe0
 		if i%2 == 1 {
-			fe, be = fe1, be1
+			fe = fe1
 		}
-		if err := o.SetTables(fe, be, nil, PortRange{}); err != nil {
+		if err := o.SetTables(fe, nil); err != nil {
 			b.Fatal(err)
 		}
 	}
 }
 
-// BenchmarkFlush measures a worker's per-batch cost of writing the flows
-// it opened, into a table of the default size that holds 131,072 flows.
 func BenchmarkFlush(b *testing.B) {
 	requireRoot(b)
-	o, err := Load(Options{MaxFrontends: 16, MaxBackends: 16, MaxAddrs: 16})
+	o, err := Load(Options{MaxFrontends: 16, MaxAddrs: 16})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -111,7 +110,7 @@ func BenchmarkFlush(b *testing.B) {
 		for _, k := range ks[i : i+64] {
 			w.Add(k)
 		}
-		if err := w.Flush(); err != nil {
+		if _, err := w.Flush(); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -124,7 +123,7 @@ func BenchmarkFlush(b *testing.B) {
 					w.Add(ks[next])
 					next = (next + 1) % distinct
 				}
-				if err := w.Flush(); err != nil {
+				if _, err := w.Flush(); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -137,7 +136,7 @@ func BenchmarkFlush(b *testing.B) {
 // size, as a reconciler would.
 func BenchmarkForEachFlow(b *testing.B) {
 	requireRoot(b)
-	o, err := Load(Options{MaxFrontends: 16, MaxBackends: 16, MaxAddrs: 16})
+	o, err := Load(Options{MaxFrontends: 16, MaxAddrs: 16})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -147,7 +146,7 @@ func BenchmarkForEachFlow(b *testing.B) {
 		for _, k := range flowKeys(1024, i) {
 			w.Add(k)
 		}
-		if err := w.Flush(); err != nil {
+		if _, err := w.Flush(); err != nil {
 			b.Fatal(err)
 		}
 	}

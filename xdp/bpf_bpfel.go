@@ -21,16 +21,16 @@ type bpfAddrKey struct {
 type bpfCounter uint32
 
 const (
-	bpfCounterCNT_REDIRECTED       bpfCounter = 0
-	bpfCounterCNT_PASSED           bpfCounter = 1
-	bpfCounterCNT_NO_SOCKET        bpfCounter = 2
-	bpfCounterCNT_PARSE_FAILED     bpfCounter = 3
-	bpfCounterCNT_MATCH_FRONTEND   bpfCounter = 4
-	bpfCounterCNT_MATCH_FLOW       bpfCounter = 5
-	bpfCounterCNT_MATCH_SNAT       bpfCounter = 6
-	bpfCounterCNT_MATCH_FRAGMENT   bpfCounter = 7
-	bpfCounterCNT_MATCH_ICMP_ERROR bpfCounter = 8
-	bpfCounterCNT_MAX              bpfCounter = 9
+	bpfCounterCNT_REDIRECTED        bpfCounter = 0
+	bpfCounterCNT_PASSED            bpfCounter = 1
+	bpfCounterCNT_NO_SOCKET         bpfCounter = 2
+	bpfCounterCNT_PARSE_FAILED      bpfCounter = 3
+	bpfCounterCNT_MATCH_FRONTEND    bpfCounter = 4
+	bpfCounterCNT_MATCH_FLOW        bpfCounter = 5
+	bpfCounterCNT_MATCH_FRAGMENT    bpfCounter = 6
+	bpfCounterCNT_MATCH_ICMP_ERROR  bpfCounter = 7
+	bpfCounterCNT_FRAG_TRACK_FAILED bpfCounter = 8
+	bpfCounterCNT_MAX               bpfCounter = 9
 )
 
 type bpfFlowKey struct {
@@ -43,10 +43,13 @@ type bpfFlowKey struct {
 	Pad   [3]uint8
 }
 
-type bpfSnatRange struct {
-	_  structs.HostLayout
-	Lo uint16
-	Hi uint16
+type bpfFragKey struct {
+	_     structs.HostLayout
+	Src   [16]uint8
+	Dst   [16]uint8
+	Id    uint32
+	Proto uint8
+	Pad   [3]uint8
 }
 
 type bpfSvcKey struct {
@@ -62,10 +65,9 @@ type bpfSvcKey struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	bpfMapAddrs       = "addrs"
-	bpfMapBackends    = "backends"
-	bpfMapConfig      = "config"
 	bpfMapCounters    = "counters"
 	bpfMapFlows       = "flows"
+	bpfMapFrags       = "frags"
 	bpfMapFrontends   = "frontends"
 	bpfMapXsks        = "xsks"
 	bpfProgXdproxyXdp = "xdproxy_xdp"
@@ -121,10 +123,9 @@ type bpfProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type bpfMapSpecs struct {
 	Addrs     *ebpf.MapSpec `ebpf:"addrs"`
-	Backends  *ebpf.MapSpec `ebpf:"backends"`
-	Config    *ebpf.MapSpec `ebpf:"config"`
 	Counters  *ebpf.MapSpec `ebpf:"counters"`
 	Flows     *ebpf.MapSpec `ebpf:"flows"`
+	Frags     *ebpf.MapSpec `ebpf:"frags"`
 	Frontends *ebpf.MapSpec `ebpf:"frontends"`
 	Xsks      *ebpf.MapSpec `ebpf:"xsks"`
 }
@@ -156,10 +157,9 @@ func (o *bpfObjects) Close() error {
 // It can be passed to loadBpfObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bpfMaps struct {
 	Addrs     *ebpf.Map `ebpf:"addrs"`
-	Backends  *ebpf.Map `ebpf:"backends"`
-	Config    *ebpf.Map `ebpf:"config"`
 	Counters  *ebpf.Map `ebpf:"counters"`
 	Flows     *ebpf.Map `ebpf:"flows"`
+	Frags     *ebpf.Map `ebpf:"frags"`
 	Frontends *ebpf.Map `ebpf:"frontends"`
 	Xsks      *ebpf.Map `ebpf:"xsks"`
 }
@@ -167,10 +167,9 @@ type bpfMaps struct {
 func (m *bpfMaps) Close() error {
 	return _BpfClose(
 		m.Addrs,
-		m.Backends,
-		m.Config,
 		m.Counters,
 		m.Flows,
+		m.Frags,
 		m.Frontends,
 		m.Xsks,
 	)

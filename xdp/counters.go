@@ -9,29 +9,32 @@ import "fmt"
 type Counters struct {
 	Redirected  uint64 // into an AF_XDP socket
 	Passed      uint64 // to the kernel: not xdproxy's
-	NoSocket    uint64 // xdproxy's, but no socket on the queue: passed
+	NoSocket    uint64 // xdproxy's, but no socket on the queue: dropped
 	ParseFailed uint64 // headers cut short or malformed: passed
 
 	MatchFrontend  uint64 // destination is a frontend
 	MatchFlow      uint64 // exactly a reply xdproxy expects (see FlowWriter)
-	MatchSNAT      uint64 // to a node address and SNAT port (a reply)
-	MatchFragment  uint64 // non-first fragment to a VIP or from a backend
+	MatchFragment  uint64 // later fragment of a redirected datagram, or to a VIP
 	MatchICMPError uint64 // ICMP error quoting one of xdproxy's packets
+
+	// FragTrackFailed counts first fragments whose datagram the program
+	// could not remember; their later fragments reach the kernel.
+	FragTrackFailed uint64
 }
 
 // Counters reads the counters.
 func (o *Objects) Counters() (Counters, error) {
 	var c Counters
 	fields := [bpfCounterCNT_MAX]*uint64{
-		bpfCounterCNT_REDIRECTED:       &c.Redirected,
-		bpfCounterCNT_PASSED:           &c.Passed,
-		bpfCounterCNT_NO_SOCKET:        &c.NoSocket,
-		bpfCounterCNT_PARSE_FAILED:     &c.ParseFailed,
-		bpfCounterCNT_MATCH_FRONTEND:   &c.MatchFrontend,
-		bpfCounterCNT_MATCH_FLOW:       &c.MatchFlow,
-		bpfCounterCNT_MATCH_SNAT:       &c.MatchSNAT,
-		bpfCounterCNT_MATCH_FRAGMENT:   &c.MatchFragment,
-		bpfCounterCNT_MATCH_ICMP_ERROR: &c.MatchICMPError,
+		bpfCounterCNT_REDIRECTED:        &c.Redirected,
+		bpfCounterCNT_PASSED:            &c.Passed,
+		bpfCounterCNT_NO_SOCKET:         &c.NoSocket,
+		bpfCounterCNT_PARSE_FAILED:      &c.ParseFailed,
+		bpfCounterCNT_MATCH_FRONTEND:    &c.MatchFrontend,
+		bpfCounterCNT_MATCH_FLOW:        &c.MatchFlow,
+		bpfCounterCNT_MATCH_FRAGMENT:    &c.MatchFragment,
+		bpfCounterCNT_MATCH_ICMP_ERROR:  &c.MatchICMPError,
+		bpfCounterCNT_FRAG_TRACK_FAILED: &c.FragTrackFailed,
 	}
 	var perCPU []uint64
 	for i, f := range fields {

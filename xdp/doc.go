@@ -4,15 +4,18 @@
 //
 // The program (bpf/xdp.c, compiled by bpf2go; the generated bpf_*.go and
 // bpf_*.o files are committed) matches a frame against the tables that
-// this package keeps: service frontends, backend endpoints, flagged
-// addresses and the SNAT port range, which SetTables writes, and the flows
-// whose replies xdproxy expects, which the dataplane's workers write
-// through FlowWriters. A reply is recognised by its exact 5-tuple, never
-// by its source alone: a client that talks to a pod directly, not through
-// a service, gets the pod's replies from the kernel as if xdproxy were not
-// there. The C file's header comment gives the decision order. It never
-// drops: a frame it cannot parse is passed, and a frame it claims for a
-// queue with no socket is passed too (and counted).
+// this package keeps: service frontends and VIP addresses, which SetTables
+// writes, and the flows whose replies xdproxy expects, which the
+// dataplane's workers write through FlowWriters. Ownership is exact: a
+// reply is recognised by its 5-tuple, never by its source or by a port
+// range, so the node's own connections on any port, and a client that
+// talks to a pod directly, get their packets from the kernel as if xdproxy
+// were not there. ICMP errors are claimed only when they quote a packet
+// xdproxy sent, and later fragments only when the program redirected
+// their first fragment (or they go to a VIP). The C file's header comment
+// gives the decision order. A frame it cannot parse is passed; a frame it
+// claims for a queue with no socket is dropped and counted (xdproxy is
+// restarting, and the kernel would answer it with a reset).
 //
 // Lifetimes. Load creates the tables once; they are shared by the programs
 // of every interface. Attach loads one program per interface, with its own

@@ -93,14 +93,16 @@ func (w *FlowWriter) Add(k FlowKey) bool {
 // Len returns the number of flows buffered.
 func (w *FlowWriter) Len() int { return w.n }
 
-// Flush writes the buffered flows into the table and empties the buffer,
-// also when it fails: the flows of a failed Flush are not retried, and
-// their replies reach the kernel until they are added again.
-func (w *FlowWriter) Flush() error {
+// Flush writes the buffered flows into the table, in the order they were
+// added, and empties the buffer. It returns how many were written: on
+// error, the flows after those were not (the table is full, say), their
+// replies will reach the kernel, and the caller decides what to do about
+// their connections. A failed flow is not retried.
+func (w *FlowWriter) Flush() (int, error) {
 	n := w.n
 	w.n = 0
 	if n == 0 {
-		return nil
+		return 0, nil
 	}
 	keys, values := w.keys[:n], w.values[:n]
 	if w.batch {
@@ -108,21 +110,21 @@ func (w *FlowWriter) Flush() error {
 		if b.keys == nil {
 			b.keys, b.values = keys, values
 		}
-		_, err := w.flows.BatchUpdate(b.keys, b.values, nil)
+		done, err := w.flows.BatchUpdate(b.keys, b.values, nil)
 		if !errors.Is(err, ebpf.ErrNotSupported) {
 			if err != nil {
-				return fmt.Errorf("xdp: writing %d flows: %w", n, err)
+				return done, fmt.Errorf("xdp: writing %d flows, %d written: %w", n, done, err)
 			}
-			return nil
+			return n, nil
 		}
 		w.batch = false
 	}
 	for i := range keys {
 		if err := w.flows.Put(&keys[i], &values[i]); err != nil {
-			return fmt.Errorf("xdp: writing flow %v: %w", keys[i].public(), err)
+			return i, fmt.Errorf("xdp: writing flow %v: %w", keys[i].public(), err)
 		}
 	}
-	return nil
+	return n, nil
 }
 
 // DeleteFlows removes keys from the table; keys it does not hold are

@@ -4,13 +4,11 @@ import (
 	"bufio"
 	"fmt"
 	"net"
-	"runtime"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
-	"golang.org/x/sys/unix"
 
 	"github.com/xdproxy/xdproxy/nat/packet"
 )
@@ -70,7 +68,7 @@ func sameFlows(got map[FlowKey]bool, want []FlowKey) error {
 func loadFlows(t *testing.T, maxFlows int) *Objects {
 	t.Helper()
 	requireRoot(t)
-	o, err := Load(Options{MaxFrontends: 4, MaxBackends: 4, MaxAddrs: 4, MaxFlows: maxFlows})
+	o, err := Load(Options{MaxFrontends: 4, MaxAddrs: 4, MaxFlows: maxFlows})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +96,7 @@ func TestFlowWriter(t *testing.T) {
 	if got := flowSet(t, o); len(got) != 0 {
 		t.Errorf("Add alone wrote %d flows", len(got))
 	}
-	if err := w.Flush(); err != nil {
+	if _, err := w.Flush(); err != nil {
 		t.Fatal(err)
 	}
 	if w.Len() != 0 {
@@ -107,13 +105,13 @@ func TestFlowWriter(t *testing.T) {
 	if err := sameFlows(flowSet(t, o), ks); err != nil {
 		t.Errorf("after Flush: %v", err)
 	}
-	if err := w.Flush(); err != nil {
+	if _, err := w.Flush(); err != nil {
 		t.Errorf("Flush of nothing: %v", err)
 	}
 
 	// A flow written again is still one entry.
 	addAll(t, w, ks[:2])
-	if err := w.Flush(); err != nil {
+	if _, err := w.Flush(); err != nil {
 		t.Fatal(err)
 	}
 	if err := sameFlows(flowSet(t, o), ks); err != nil {
@@ -142,7 +140,7 @@ func TestFlowWriter(t *testing.T) {
 	w.batch = false
 	more := flowKeys(3, 10)
 	addAll(t, w, more)
-	if err := w.Flush(); err != nil {
+	if _, err := w.Flush(); err != nil {
 		t.Fatal(err)
 	}
 	want := append([]FlowKey{ks[0], ks[2]}, more...)
@@ -166,7 +164,7 @@ func TestFlowWriterFlushDoesNotAllocate(t *testing.T) {
 			for _, k := range ks {
 				w.Add(k)
 			}
-			if err := w.Flush(); err != nil {
+			if _, err := w.Flush(); err != nil {
 				t.Fatal(err)
 			}
 		})
@@ -176,48 +174,42 @@ func TestFlowWriterFlushDoesNotAllocate(t *testing.T) {
 	}
 }
 
-// TestFlowTableEvictsWhenFull: a full table makes room, so a worker's Flush
-// never fails for want of space, and the newest flows are in it.
-func TestFlowTableEvictsWhenFull(t *testing.T) {
+// TestFlowTableFullRefuses: the table never evicts a live flow's reply; a
+// Flush into a full table writes what fits and says how many, so the worker
+// knows which connections could not be published.
+func TestFlowTableFullRefuses(t *testing.T) {
 	const size = 256
 	o := loadFlows(t, size)
-	// The kernel's LRU keeps a list per CPU and may take a fresh entry of
-	// another CPU's list: on one CPU the order of eviction is the order
-	// of writing.
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	var all, one unix.CPUSet
-	if err := unix.SchedGetaffinity(0, &all); err != nil {
-		t.Fatal(err)
-	}
-	for cpu := 0; one.Count() == 0; cpu++ {
-		if all.IsSet(cpu) {
-			one.Set(cpu)
-		}
-	}
-	if err := unix.SchedSetaffinity(0, &one); err != nil {
-		t.Fatal(err)
-	}
-	defer unix.SchedSetaffinity(0, &all)
 	w := o.NewFlowWriter(32)
-	var last []FlowKey
-	for i := 0; i < 4*size; i += 32 {
-		last = flowKeys(32, i)
-		addAll(t, w, last)
-		if err := w.Flush(); err != nil {
-			t.Fatalf("Flush into a full table: %v", err)
+	var written []FlowKey
+	refused := false
+	for i := 0; i < 2*size && !refused; i += 32 {
+		ks := flowKeys(32, i)
+		addAll(t, w, ks)
+		n, err := w.Flush()
+		written = append(written, ks[:n]...)
+		if err != nil {
+			if n == len(ks) {
+				t.Fatalf("Flush failed but wrote all %d: %v", n, err)
+			}
+			refused = true
 		}
+	}
+	if !refused {
+		t.Fatalf("wrote %d flows into a table of %d without an error", len(written), size)
 	}
 	got := flowSet(t, o)
-	if len(got) > size {
-		t.Errorf("%d flows in a table of %d", len(got), size)
+	if err := sameFlows(got, written); err != nil {
+		t.Errorf("after filling: %v (every flow Flush counted as written must be there, no other)", err)
 	}
-	for _, k := range last {
-		if !got[k] {
-			t.Errorf("newest flow %v evicted", k)
-		}
+	// Room again after deletions.
+	if err := o.DeleteFlows(written[:10]); err != nil {
+		t.Fatal(err)
 	}
-	t.Logf("%d of %d entries in use after writing %d flows", len(got), size, 4*size)
+	addAll(t, w, flowKeys(10, 5000))
+	if n, err := w.Flush(); n != 10 || err != nil {
+		t.Errorf("Flush of 10 after deleting 10: %d written, %v", n, err)
+	}
 }
 
 // TestFlowWritersConcurrent runs one FlowWriter per goroutine, as the
@@ -239,7 +231,7 @@ func TestFlowWritersConcurrent(t *testing.T) {
 	doomed := flowKeys(500, 50000)
 	w0 := o.NewFlowWriter(len(doomed))
 	addAll(t, w0, doomed)
-	if err := w0.Flush(); err != nil {
+	if _, err := w0.Flush(); err != nil {
 		t.Fatal(err)
 	}
 
@@ -252,14 +244,14 @@ func TestFlowWritersConcurrent(t *testing.T) {
 			w := o.NewFlowWriter(batch)
 			for _, k := range flowKeys(perWriter, g*perWriter) {
 				if !w.Add(k) {
-					if err := w.Flush(); err != nil {
+					if _, err := w.Flush(); err != nil {
 						errs <- err
 						return
 					}
 					w.Add(k)
 				}
 			}
-			if err := w.Flush(); err != nil {
+			if _, err := w.Flush(); err != nil {
 				errs <- err
 			}
 		}()
@@ -337,10 +329,6 @@ func TestDirectTrafficToEndpoint(t *testing.T) {
 			o := loadSmall(t)
 			pod := packet.MustParseAddr("198.18.0.2")
 			node := packet.MustParseAddr("198.18.0.1")
-			backends := []Key{{pod, 8080, packet.ProtoTCP}, {pod, 5353, packet.ProtoUDP}}
-			if err := o.SetTables(nil, backends, map[packet.Addr]Flags{pod: FlagBackend}, PortRange{}); err != nil {
-				t.Fatal(err)
-			}
 			_, socks := attachWithSockets(t, o, a, "a0", mode)
 
 			// The pod: an HTTP-like TCP server and a UDP echo server.
@@ -395,7 +383,7 @@ func TestDirectTrafficToEndpoint(t *testing.T) {
 			w := o.NewFlowWriter(1)
 			w.Add(FlowKey{Src: pod, Dst: node, SrcPort: 5353,
 				DstPort: uint16(viaProxy.LocalAddr().(*net.UDPAddr).Port), Proto: packet.ProtoUDP})
-			if err := w.Flush(); err != nil {
+			if _, err := w.Flush(); err != nil {
 				t.Fatal(err)
 			}
 

@@ -111,8 +111,13 @@ func icmpErr6(t testing.TB, dst string, typ, code uint8, quote []byte) []byte {
 
 // frag4 is an IPv4 fragment at byte offset off carrying payload.
 func frag4(t testing.TB, src, dst string, off uint16, more bool, payload ...gopacket.SerializableLayer) []byte {
+	return frag4ID(t, 77, src, dst, off, more, payload...)
+}
+
+// frag4ID is frag4 with the given IP identification.
+func frag4ID(t testing.TB, id uint16, src, dst string, off uint16, more bool, payload ...gopacket.SerializableLayer) []byte {
 	ip := ip4(src, dst, layers.IPProtocolTCP)
-	ip.Id = 77
+	ip.Id = id
 	ip.FragOffset = off / 8
 	if more {
 		ip.Flags = layers.IPv4MoreFragments
@@ -124,6 +129,11 @@ func frag4(t testing.TB, src, dst string, off uint16, more bool, payload ...gopa
 // next, followed by payload. gopacket cannot serialise the fragment
 // header, so it is written by hand.
 func frag6(t testing.TB, src, dst string, next layers.IPProtocol, off uint16, more bool, payload ...gopacket.SerializableLayer) []byte {
+	return frag6ID(t, 0x1234, src, dst, next, off, more, payload...)
+}
+
+// frag6ID is frag6 with the given fragment identification.
+func frag6ID(t testing.TB, id uint32, src, dst string, next layers.IPProtocol, off uint16, more bool, payload ...gopacket.SerializableLayer) []byte {
 	hdr := make([]byte, 8)
 	hdr[0] = byte(next)
 	fo := off &^ 7
@@ -131,7 +141,7 @@ func frag6(t testing.TB, src, dst string, next layers.IPProtocol, off uint16, mo
 		fo |= 1
 	}
 	binary.BigEndian.PutUint16(hdr[2:4], fo)
-	binary.BigEndian.PutUint32(hdr[4:8], 0x1234)
+	binary.BigEndian.PutUint32(hdr[4:8], id)
 	body := ipPacket(t, payload...)
 	return serialize(t, eth(layers.EthernetTypeIPv6), ip6(src, dst, layers.IPProtocolIPv6Fragment),
 		gopacket.Payload(append(hdr, body...)))

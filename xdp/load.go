@@ -16,34 +16,38 @@ const ProgramName = bpfProgXdproxyXdp
 // Default table sizes.
 const (
 	DefaultMaxFrontends = 65536
-	DefaultMaxBackends  = 65536
 	DefaultMaxAddrs     = 65536
 	DefaultMaxFlows     = 262144
+	DefaultMaxFragments = 8192
 )
 
 // Options size the shared tables; zero fields take the defaults. Every
-// entry costs kernel memory up front (the hash maps are preallocated).
+// entry of frontends, addrs and flows costs kernel memory up front (the
+// hash maps are preallocated).
 type Options struct {
 	MaxFrontends int
-	MaxBackends  int
 	MaxAddrs     int
 	// MaxFlows bounds the replies the program recognises at once (see
-	// FlowWriter); past it the least recently used flow is evicted.
+	// FlowWriter). The table is a plain hash: when it is full, writes
+	// fail (FlowWriter reports which) and nothing is evicted.
 	MaxFlows int
+	// MaxFragments bounds the datagrams whose later fragments the program
+	// follows at once; the least recently used is forgotten first.
+	MaxFragments int
 }
 
 func (o Options) withDefaults() Options {
 	if o.MaxFrontends == 0 {
 		o.MaxFrontends = DefaultMaxFrontends
 	}
-	if o.MaxBackends == 0 {
-		o.MaxBackends = DefaultMaxBackends
-	}
 	if o.MaxAddrs == 0 {
 		o.MaxAddrs = DefaultMaxAddrs
 	}
 	if o.MaxFlows == 0 {
 		o.MaxFlows = DefaultMaxFlows
+	}
+	if o.MaxFragments == 0 {
+		o.MaxFragments = DefaultMaxFragments
 	}
 	return o
 }
@@ -54,7 +58,7 @@ type Objects struct {
 	spec  *ebpf.CollectionSpec // sized; Attach loads programs from it
 	cache *btf.Cache
 
-	frontends, backends, flows, addrs, config, counters *ebpf.Map
+	frontends, flows, frags, addrs, counters *ebpf.Map
 
 	mu    sync.Mutex  // serialises SetTables
 	state *tableState // nil: read the maps back before the next sync
@@ -65,7 +69,7 @@ type Objects struct {
 // first Attach.
 func Load(opts Options) (*Objects, error) {
 	opts = opts.withDefaults()
-	for _, n := range []int{opts.MaxFrontends, opts.MaxBackends, opts.MaxAddrs, opts.MaxFlows} {
+	for _, n := range []int{opts.MaxFrontends, opts.MaxAddrs, opts.MaxFlows, opts.MaxFragments} {
 		if n < 1 || n > 1<<24 {
 			return nil, fmt.Errorf("xdp: table size %d out of range 1..%d", n, 1<<24)
 		}
@@ -75,17 +79,16 @@ func Load(opts Options) (*Objects, error) {
 		return nil, err
 	}
 	spec.Maps[bpfMapFrontends].MaxEntries = uint32(opts.MaxFrontends)
-	spec.Maps[bpfMapBackends].MaxEntries = uint32(opts.MaxBackends)
 	spec.Maps[bpfMapAddrs].MaxEntries = uint32(opts.MaxAddrs)
 	spec.Maps[bpfMapFlows].MaxEntries = uint32(opts.MaxFlows)
+	spec.Maps[bpfMapFrags].MaxEntries = uint32(opts.MaxFragments)
 
 	o := &Objects{opts: opts, spec: spec, cache: btf.NewCache()}
 	for name, m := range map[string]**ebpf.Map{
 		bpfMapFrontends: &o.frontends,
-		bpfMapBackends:  &o.backends,
 		bpfMapFlows:     &o.flows,
+		bpfMapFrags:     &o.frags,
 		bpfMapAddrs:     &o.addrs,
-		bpfMapConfig:    &o.config,
 		bpfMapCounters:  &o.counters,
 	} {
 		if *m, err = ebpf.NewMap(spec.Maps[name]); err != nil {
@@ -96,7 +99,6 @@ func Load(opts Options) (*Objects, error) {
 	// The maps are new and empty: nothing to read back.
 	o.state = &tableState{
 		frontends: map[bpfSvcKey]struct{}{},
-		backends:  map[bpfSvcKey]struct{}{},
 		addrs:     map[bpfAddrKey]uint32{},
 	}
 
@@ -113,7 +115,7 @@ func Load(opts Options) (*Objects, error) {
 // references, so Close every Attachment first.
 func (o *Objects) Close() error {
 	var errs []error
-	for _, m := range []*ebpf.Map{o.frontends, o.backends, o.flows, o.addrs, o.config, o.counters} {
+	for _, m := range []*ebpf.Map{o.frontends, o.flows, o.frags, o.addrs, o.counters} {
 		if m != nil {
 			errs = append(errs, m.Close())
 		}
@@ -135,10 +137,9 @@ func (o *Objects) newInstance(queues int) (*instance, error) {
 	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{
 		MapReplacements: map[string]*ebpf.Map{
 			bpfMapFrontends: o.frontends,
-			bpfMapBackends:  o.backends,
 			bpfMapFlows:     o.flows,
+			bpfMapFrags:     o.frags,
 			bpfMapAddrs:     o.addrs,
-			bpfMapConfig:    o.config,
 			bpfMapCounters:  o.counters,
 		},
 		Cache: o.cache,

@@ -24,34 +24,18 @@ func (k Key) String() string { return fmt.Sprintf("%v %v:%d", k.Proto, k.Addr, k
 // are those of enum addr_flag in bpf/xdp.c.
 type Flags uint32
 
-const (
-	// FlagNode marks an address xdproxy uses as SNAT source: frames to it
-	// with a destination port in the SNAT range are replies for xdproxy.
-	FlagNode Flags = 1 << iota
-	// FlagVIP marks an address that frontends listen on: non-first
-	// fragments to it go to xdproxy, having no ports to match.
-	FlagVIP
-	// FlagBackend marks an endpoint address: non-first fragments from it
-	// go to xdproxy.
-	FlagBackend
-)
-
-// PortRange is an inclusive range of ports. The zero PortRange means
-// xdproxy does no SNAT.
-type PortRange struct {
-	Lo, Hi uint16
-}
-
-func (r PortRange) valid() bool {
-	return (r.Lo == 0 && r.Hi == 0) || (r.Lo != 0 && r.Lo <= r.Hi)
-}
+// FlagVIP marks an address that only services use (a cluster, external or
+// load-balancer IP that is no node address): every frame to it is
+// xdproxy's, so a later fragment to it is redirected even when the program
+// did not see the datagram's first fragment.
+const FlagVIP Flags = 2
 
 // ErrTableFull is returned by SetTables when a table holds more entries
 // than Options allowed.
 var ErrTableFull = errors.New("xdp: table full")
 
-// present is the value of frontends and backends entries: the key is all
-// the program looks at.
+// present is the value of frontends and flows entries: the key is all the
+// program looks at.
 const present uint8 = 1
 
 // svcKey converts k to the map key layout: the port in network byte order
@@ -73,38 +57,26 @@ func networkOrder16(v uint16) uint16 {
 // one it is read back from the kernel before the next sync.
 type tableState struct {
 	frontends map[bpfSvcKey]struct{}
-	backends  map[bpfSvcKey]struct{}
 	addrs     map[bpfAddrKey]uint32
-	snat      PortRange
 }
 
-// SetTables makes the maps hold exactly the given frontends, backends,
-// flagged addresses and SNAT port range. It writes only the difference to
-// what the maps hold, and adds new entries before it deletes stale ones,
-// so a frame of a service present in both the old and the new tables is
-// never passed to the kernel in between. Only when a table could not hold
-// old and new entries together are its stale entries deleted first.
-// Duplicate keys are allowed. On error the maps may hold a mix of old and
-// new entries; calling SetTables again repairs them.
-func (o *Objects) SetTables(frontends, backends []Key, addrs map[packet.Addr]Flags, snat PortRange) error {
-	if !snat.valid() {
-		return fmt.Errorf("xdp: invalid SNAT port range %d-%d", snat.Lo, snat.Hi)
-	}
+// SetTables makes the maps hold exactly the given frontends and VIP
+// addresses (addresses whose every frame is a service's; see FlagVIP). It
+// writes only the difference to what the maps hold, and adds new entries
+// before it deletes stale ones, so a frame of a service present in both the
+// old and the new tables is never passed to the kernel in between. Only
+// when a table could not hold old and new entries together are its stale
+// entries deleted first. Duplicate keys are allowed. On error the maps may
+// hold a mix of old and new entries; calling SetTables again repairs them.
+func (o *Objects) SetTables(frontends []Key, vips []packet.Addr) error {
 	want := tableState{
 		frontends: keySet(frontends),
-		backends:  keySet(backends),
-		addrs:     make(map[bpfAddrKey]uint32, len(addrs)),
-		snat:      snat,
+		addrs:     make(map[bpfAddrKey]uint32, len(vips)),
 	}
-	for a, f := range addrs {
-		if f != 0 {
-			want.addrs[bpfAddrKey{Addr: a}] = uint32(f)
-		}
+	for _, a := range vips {
+		want.addrs[bpfAddrKey{Addr: a}] = uint32(FlagVIP)
 	}
 	if err := checkSize("frontends", len(want.frontends), o.opts.MaxFrontends); err != nil {
-		return err
-	}
-	if err := checkSize("backends", len(want.backends), o.opts.MaxBackends); err != nil {
 		return err
 	}
 	if err := checkSize("addrs", len(want.addrs), o.opts.MaxAddrs); err != nil {
@@ -125,7 +97,6 @@ func (o *Objects) SetTables(frontends, backends []Key, addrs map[packet.Addr]Fla
 	o.state = nil
 
 	fe := diffSet(have.frontends, want.frontends, o.opts.MaxFrontends)
-	be := diffSet(have.backends, want.backends, o.opts.MaxBackends)
 	ad := diffAddrs(have.addrs, want.addrs, o.opts.MaxAddrs)
 
 	// Tables that cannot hold old and new together shed stale entries
@@ -133,33 +104,18 @@ func (o *Objects) SetTables(frontends, backends []Key, addrs map[packet.Addr]Fla
 	if err := deleteEarly(o.frontends, fe); err != nil {
 		return fmt.Errorf("xdp: frontends: %w", err)
 	}
-	if err := deleteEarly(o.backends, be); err != nil {
-		return fmt.Errorf("xdp: backends: %w", err)
-	}
 	if err := deleteEarly(o.addrs, ad); err != nil {
 		return fmt.Errorf("xdp: addrs: %w", err)
 	}
-	// Addresses and backends before the frontends that lead to them.
+	// Addresses before the frontends that lead to them.
 	if err := put(o.addrs, ad.put, ad.putValues); err != nil {
 		return fmt.Errorf("xdp: addrs: %w", err)
-	}
-	if err := put(o.backends, be.put, presentValues(len(be.put))); err != nil {
-		return fmt.Errorf("xdp: backends: %w", err)
 	}
 	if err := put(o.frontends, fe.put, presentValues(len(fe.put))); err != nil {
 		return fmt.Errorf("xdp: frontends: %w", err)
 	}
-	if snat != have.snat {
-		r := bpfSnatRange{Lo: snat.Lo, Hi: snat.Hi}
-		if err := o.config.Put(uint32(0), &r); err != nil {
-			return fmt.Errorf("xdp: config: %w", err)
-		}
-	}
 	if err := deleteLate(o.frontends, fe); err != nil {
 		return fmt.Errorf("xdp: frontends: %w", err)
-	}
-	if err := deleteLate(o.backends, be); err != nil {
-		return fmt.Errorf("xdp: backends: %w", err)
 	}
 	if err := deleteLate(o.addrs, ad); err != nil {
 		return fmt.Errorf("xdp: addrs: %w", err)
@@ -296,37 +252,25 @@ func del[K comparable](m *ebpf.Map, keys []K) error {
 func (o *Objects) readTables() (*tableState, error) {
 	st := &tableState{
 		frontends: map[bpfSvcKey]struct{}{},
-		backends:  map[bpfSvcKey]struct{}{},
 		addrs:     map[bpfAddrKey]uint32{},
 	}
 	var k bpfSvcKey
-	var present uint8
-	for name, m := range map[string]*ebpf.Map{"frontends": o.frontends, "backends": o.backends} {
-		set := st.frontends
-		if name == "backends" {
-			set = st.backends
-		}
-		it := m.Iterate()
-		for it.Next(&k, &present) {
-			set[k] = struct{}{}
-		}
-		if err := it.Err(); err != nil {
-			return nil, fmt.Errorf("xdp: reading %s: %w", name, err)
-		}
+	var v uint8
+	it := o.frontends.Iterate()
+	for it.Next(&k, &v) {
+		st.frontends[k] = struct{}{}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("xdp: reading frontends: %w", err)
 	}
 	var ak bpfAddrKey
 	var flags uint32
-	it := o.addrs.Iterate()
+	it = o.addrs.Iterate()
 	for it.Next(&ak, &flags) {
 		st.addrs[ak] = flags
 	}
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("xdp: reading addrs: %w", err)
 	}
-	var r bpfSnatRange
-	if err := o.config.Lookup(uint32(0), &r); err != nil {
-		return nil, fmt.Errorf("xdp: reading config: %w", err)
-	}
-	st.snat = PortRange{Lo: r.Lo, Hi: r.Hi}
 	return st, nil
 }

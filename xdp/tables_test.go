@@ -70,31 +70,30 @@ func equal(a, b []string) bool { return fmt.Sprint(a) == fmt.Sprint(b) }
 
 func TestSetTables(t *testing.T) {
 	requireRoot(t)
-	o, err := Load(Options{MaxFrontends: 4, MaxBackends: 4, MaxAddrs: 2, MaxFlows: 4})
+	o, err := Load(Options{MaxFrontends: 4, MaxAddrs: 2, MaxFlows: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer o.Close()
-	node := packet.MustParseAddr(node4)
 	vip := packet.MustParseAddr(vip4)
+	vip2 := packet.MustParseAddr(vip6)
 
 	steps := []struct {
-		name               string
-		frontends, backend []Key
-		addrs              map[packet.Addr]Flags
-		snat               PortRange
-		wantAddrs          []string
+		name      string
+		frontends []Key
+		vips      []packet.Addr
+		wantAddrs []string
 	}{
-		{"first", keys(3, 1), keys(2, 100), map[packet.Addr]Flags{node: FlagNode}, PortRange{40000, 40100}, []string{"198.18.0.1=1"}},
-		{"grow and move", keys(3, 2), keys(2, 101), map[packet.Addr]Flags{node: FlagNode, vip: FlagVIP}, PortRange{40000, 40100}, []string{"198.18.0.1=1", "198.18.1.10=2"}},
+		{"first", keys(3, 1), []packet.Addr{vip}, []string{"198.18.1.10=2"}},
+		{"grow and move", keys(3, 2), []packet.Addr{vip, vip2}, []string{"198.18.1.10=2", "2001:2::10=2"}},
 		// Replacing all four entries of a full table does not fit
 		// add-first: stale ones go first.
-		{"replace a full table", keys(4, 10), keys(4, 110), map[packet.Addr]Flags{node: FlagNode | FlagVIP, vip: 0}, PortRange{}, []string{"198.18.0.1=3"}},
-		{"duplicates", append(keys(2, 20), keys(2, 20)...), nil, nil, PortRange{1, 65535}, nil},
-		{"empty", nil, nil, nil, PortRange{}, nil},
+		{"replace a full table", keys(4, 10), []packet.Addr{vip2}, []string{"2001:2::10=2"}},
+		{"duplicates", append(keys(2, 20), keys(2, 20)...), []packet.Addr{vip, vip}, []string{"198.18.1.10=2"}},
+		{"empty", nil, nil, nil},
 	}
 	for _, s := range steps {
-		if err := o.SetTables(s.frontends, s.backend, s.addrs, s.snat); err != nil {
+		if err := o.SetTables(s.frontends, s.vips); err != nil {
 			t.Fatalf("%s: %v", s.name, err)
 		}
 		want := strs(s.frontends)
@@ -104,25 +103,13 @@ func TestSetTables(t *testing.T) {
 		if got := dump(t, o.frontends); !equal(got, want) {
 			t.Errorf("%s: frontends %v, want %v", s.name, got, want)
 		}
-		if got := dump(t, o.backends); !equal(got, strs(s.backend)) {
-			t.Errorf("%s: backends %v, want %v", s.name, got, strs(s.backend))
-		}
 		if got := dump(t, o.addrs); !equal(got, s.wantAddrs) {
 			t.Errorf("%s: addrs %v, want %v", s.name, got, s.wantAddrs)
 		}
-		var r bpfSnatRange
-		if err := o.config.Lookup(uint32(0), &r); err != nil || (PortRange{r.Lo, r.Hi}) != s.snat {
-			t.Errorf("%s: SNAT range %v (%v), want %v", s.name, r, err, s.snat)
-		}
 	}
 
-	if err := o.SetTables(keys(5, 1), nil, nil, PortRange{}); !errors.Is(err, ErrTableFull) {
+	if err := o.SetTables(keys(5, 1), nil); !errors.Is(err, ErrTableFull) {
 		t.Errorf("5 frontends in a table of 4: %v, want ErrTableFull", err)
-	}
-	for _, r := range []PortRange{{0, 10}, {20, 10}} {
-		if err := o.SetTables(nil, nil, nil, r); err == nil {
-			t.Errorf("SNAT range %v accepted", r)
-		}
 	}
 }
 
@@ -130,12 +117,12 @@ func TestSetTables(t *testing.T) {
 // read back from the kernel instead of trusting the last state.
 func TestSetTablesReadsBack(t *testing.T) {
 	requireRoot(t)
-	o, err := Load(Options{MaxFrontends: 8, MaxBackends: 8, MaxAddrs: 8, MaxFlows: 8})
+	o, err := Load(Options{MaxFrontends: 8, MaxAddrs: 8, MaxFlows: 8})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer o.Close()
-	if err := o.SetTables(keys(3, 1), nil, nil, PortRange{}); err != nil {
+	if err := o.SetTables(keys(3, 1), nil); err != nil {
 		t.Fatal(err)
 	}
 	// Something wrote behind our back, and the state is forgotten as it
@@ -145,7 +132,7 @@ func TestSetTablesReadsBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	o.state = nil
-	if err := o.SetTables(keys(2, 2), nil, nil, PortRange{}); err != nil {
+	if err := o.SetTables(keys(2, 2), nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := dump(t, o.frontends); !equal(got, strs(keys(2, 2))) {
@@ -170,7 +157,7 @@ func TestSetTablesKeepsLiveServices(t *testing.T) {
 		defer stop.Store(true)
 		for i := range 300 {
 			fe := append(keys(20, 1+i%2*30), live)
-			if err := o.SetTables(fe, keys(10, 100+i%3), nil, PortRange{}); err != nil {
+			if err := o.SetTables(fe, nil); err != nil {
 				syncErr = err
 				return
 			}

@@ -38,6 +38,9 @@ typedef __u32 __be32;
 #define BPF_MAP_TYPE_LRU_HASH 9
 #define BPF_MAP_TYPE_XSKMAP 17
 
+/* Map update flags. */
+#define BPF_ANY 0
+
 /* XDP verdicts (enum xdp_action). */
 #define XDP_ABORTED 0
 #define XDP_DROP 1
@@ -57,6 +60,8 @@ struct xdp_md {
 
 /* Helpers, by their number in enum bpf_func_id. */
 static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)1;
+static long (*bpf_map_update_elem)(void *map, const void *key, const void *value,
+				   __u64 flags) = (void *)2;
 static long (*bpf_redirect_map)(void *map, __u64 key, __u64 flags) = (void *)51;
 
 #endif

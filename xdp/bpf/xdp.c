@@ -3,9 +3,11 @@
  *
  * For every frame an interface receives it decides whether xdproxy owns it.
  * Owned frames are redirected into the AF_XDP socket of the receive queue
- * they arrived on; everything else (ARP, SSH to the node, pod traffic that is
- * no service's) goes on into the kernel untouched. The program never drops
- * and never rewrites: when in doubt, it passes.
+ * they arrived on; everything else (ARP, the node's own connections on any
+ * port, pod traffic that is no service's, ICMP about any of those) goes on
+ * into the kernel untouched. Taking a frame that is not ours would break
+ * someone's connection, so ownership is exact: a frontend, or the exact
+ * tuple of a reply xdproxy waits for. The program never rewrites.
  *
  * Maps. All but xsks are shared by the programs of every interface; the Go
  * loader sets every max_entries before loading.
@@ -13,19 +15,21 @@
  *              because every interface has its own queue 0.
  *   frontends  HASH, svc_key (dst addr, dst port, proto) of every frontend:
  *              cluster IPs, external and load-balancer IPs, NodePorts.
- *   backends   HASH, svc_key (addr, port, proto) of every endpoint xdproxy
- *              forwards to; an ICMP error about a packet to one is ours.
- *   flows      LRU_HASH, flow_key (src, dst, src port, dst port, proto) of
- *              every reply xdproxy expects, as it arrives: xdproxy's workers
- *              add one for each connection they open. A frame from an
- *              endpoint that is not a reply to xdproxy (a client talking to
- *              a pod directly) is in no entry, and goes to the kernel. LRU:
- *              a full table evicts the least recently used flow, whose
- *              replies then reach the kernel until xdproxy writes it again.
- *   addrs      HASH, addr -> ADDR_* flags: NODE (a source address of our
- *              SNAT), VIP (an address frontends listen on), BACKEND (an
- *              endpoint's address).
- *   config     ARRAY[1], the SNAT source port range (host byte order).
+ *   flows      HASH, flow_key (src, dst, src port, dst port, proto) of
+ *              every reply xdproxy expects, exactly as it arrives: the
+ *              workers add the reply tuple of each connection they open,
+ *              DNAT-only and masqueraded alike, before its first packet
+ *              leaves, and remove it when the connection ends. A plain
+ *              hash, not an LRU: the kernel never evicts a live flow's
+ *              entry behind xdproxy's back; it is sized above the
+ *              connection table, so it cannot fill while conntrack has room.
+ *   frags      LRU_HASH, frag_key (src, dst, IP id, proto) of the first
+ *              fragment of every datagram this program redirected, so that
+ *              its later fragments (no ports to match) follow it. Written
+ *              here; entries age out by LRU.
+ *   addrs      HASH, addr -> ADDR_* flags. ADDR_VIP: an address only
+ *              services use (a cluster IP, never a node address), so a later
+ *              fragment to it is ours even when its head was not seen.
  *   counters   PERCPU_ARRAY, one u64 per CNT_* below.
  *
  * Addresses are 16 bytes with IPv4 IPv4-mapped (::ffff:a.b.c.d), as in
@@ -33,20 +37,23 @@
  * identifier stands for both ports, because that is what NAT rewrites.
  *
  * Decision order; the first that applies decides:
- *   1. not IPv4/IPv6 after at most one VLAN tag        -> pass
- *   2. headers cut short or malformed                  -> pass (parse_failed)
- *   3. non-first fragment (no ports to look at):
- *      dst is VIP or src is BACKEND                    -> redirect
- *   4. ICMP error (v4 3/11/12, v6 1-4) whose quoted packet is one xdproxy
- *      sent or forwarded: inner dst in backends, inner dst or src in
- *      frontends, inner src NODE with its port in the SNAT range -> redirect
- *   5. (dst, dst port, proto) in frontends             -> redirect
- *   6. (src, dst, src port, dst port, proto) in flows  -> redirect
- *   7. dst is NODE and dst port in the SNAT range, and
- *      not an ICMP echo request                        -> redirect
- *   8. anything else                                   -> pass
- * "redirect" is bpf_redirect_map(&xsks, rx queue, XDP_PASS): with no socket
- * on that queue the kernel gets the frame after all (counted no_socket).
+ *   1. not IPv4/IPv6 after at most one VLAN tag         -> pass
+ *   2. headers cut short or malformed                   -> pass (parse_failed)
+ *   3. non-first fragment: (src, dst, id, proto) in frags,
+ *      or dst flagged ADDR_VIP                          -> redirect
+ *   4. ICMP error (v4 3/11/12, v6 1-4) about a packet xdproxy sent: the
+ *      quoted packet reversed is in flows (xdproxy sent it toward a
+ *      backend or from a SNAT port), or its source is a frontend (a reply
+ *      xdproxy sent to a client)                        -> redirect
+ *   5. (dst, dst port, proto) in frontends              -> redirect
+ *   6. (src, dst, src port, dst port, proto) in flows   -> redirect
+ *   7. anything else                                    -> pass
+ * A first fragment that rule 5 or 6 redirects is remembered in frags.
+ * "redirect" is bpf_redirect_map(&xsks, rx queue, XDP_DROP): a frame that
+ * is ours but finds no socket on its queue (xdproxy restarting) is dropped
+ * and counted no_socket. Passing it would let the kernel, which has no
+ * rules for it, answer with a reset and end the connection; dropping it
+ * lets TCP retransmit once the socket is back.
  */
 #include "bpf_defs.h"
 
@@ -84,21 +91,24 @@ struct flow_key {
 	__u8 pad[3]; /* always zero */
 };
 
-/* Inclusive SNAT source port range; lo == 0 means xdproxy does no SNAT. */
-struct snat_range {
-	__u16 lo;
-	__u16 hi;
+/* A datagram's fragments: what a later fragment (no ports) has in common
+ * with its first. The IPv4 id is 16 bits, IPv6's 32. */
+struct frag_key {
+	__u8 src[16];
+	__u8 dst[16];
+	__u32 id;
+	__u8 proto;
+	__u8 pad[3]; /* always zero */
 };
 
 enum addr_flag {
-	ADDR_NODE = 1,
-	ADDR_VIP = 2,
-	ADDR_BACKEND = 4,
+	ADDR_VIP = 2, /* 1 and 4 were the node and backend flags of old layouts */
 };
 
 /* Every frame lands in exactly one of the first four counters; the MATCH_
  * counters say which rule claimed the frames counted redirected or
- * no_socket. */
+ * no_socket. FRAG_TRACK_FAILED counts first fragments whose datagram could
+ * not be remembered (their later fragments then reach the kernel). */
 enum counter {
 	CNT_REDIRECTED,
 	CNT_PASSED,
@@ -106,9 +116,9 @@ enum counter {
 	CNT_PARSE_FAILED,
 	CNT_MATCH_FRONTEND,
 	CNT_MATCH_FLOW,
-	CNT_MATCH_SNAT,
 	CNT_MATCH_FRAGMENT,
 	CNT_MATCH_ICMP_ERROR,
+	CNT_FRAG_TRACK_FAILED,
 	CNT_MAX,
 };
 
@@ -129,16 +139,16 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 1);
-	__type(key, struct svc_key);
+	__type(key, struct flow_key);
 	__type(value, __u8);
-} backends SEC(".maps");
+} flows SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 1);
-	__type(key, struct flow_key);
+	__type(key, struct frag_key);
 	__type(value, __u8);
-} flows SEC(".maps");
+} frags SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -146,13 +156,6 @@ struct {
 	__type(key, struct addr_key);
 	__type(value, __u32);
 } addrs SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct snat_range);
-} config SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -226,7 +229,7 @@ struct icmphdr {
 struct flow {
 	struct svc_key src;
 	struct svc_key dst;
-	__u8 echo_request; /* ICMP echo request: never a reply to SNAT */
+	__u8 echo_request; /* ICMP echo request: never a reply */
 };
 
 enum ip_result {
@@ -239,6 +242,7 @@ struct ip_info {
 	__u8 proto;	 /* L4 protocol */
 	__u8 fragmented; /* any fragment, first or later */
 	__u8 family;	 /* 4 or 6 */
+	__u32 frag_id;	 /* the IP identification, when fragmented */
 };
 
 static __always_inline void set_v4_mapped(__u8 *dst, const __u8 *v4)
@@ -276,6 +280,7 @@ static __always_inline int parse_ipv4(void **pos, void *end, struct flow *f,
 
 	__u16 frag = bpf_ntohs(h->frag_off);
 	ip->fragmented = (frag & 0x3fff) != 0; /* MF flag or an offset */
+	ip->frag_id = bpf_ntohs(h->id);
 	*pos += hlen;
 	if (frag & 0x1fff)
 		return IP_LATER_FRAGMENT;
@@ -310,6 +315,7 @@ static __always_inline int parse_ipv6(void **pos, void *end, struct flow *f,
 		return IP_BAD;
 	ip->proto = fh->nexthdr;
 	ip->fragmented = 1;
+	ip->frag_id = fh->id;
 	*pos = fh + 1;
 	if (bpf_ntohs(fh->frag_off) & 0xfff8)
 		return IP_LATER_FRAGMENT;
@@ -405,7 +411,7 @@ static __always_inline int pass(enum counter counter)
 static __always_inline int redirect(struct xdp_md *ctx, enum counter rule)
 {
 	count(rule);
-	long verdict = bpf_redirect_map(&xsks, ctx->rx_queue_index, XDP_PASS);
+	long verdict = bpf_redirect_map(&xsks, ctx->rx_queue_index, XDP_DROP);
 	count(verdict == XDP_REDIRECT ? CNT_REDIRECTED : CNT_NO_SOCKET);
 	return verdict;
 }
@@ -419,41 +425,56 @@ static __always_inline __u32 addr_flags(const __u8 *addr)
 	return v ? *v : 0;
 }
 
-static __always_inline int in_snat_range(__be16 port)
-{
-	__u32 zero = 0;
-	struct snat_range *r = bpf_map_lookup_elem(&config, &zero);
-
-	if (!r || r->lo == 0)
-		return 0;
-	__u16 p = bpf_ntohs(port);
-	return p >= r->lo && p <= r->hi;
-}
-
 static __always_inline int in_map(void *map, const struct svc_key *k)
 {
 	return bpf_map_lookup_elem(map, k) != 0;
 }
 
-/* is_expected_reply reports whether f is exactly a reply xdproxy waits for.
- * The lookup also marks the entry recently used, so live flows outlast idle
- * ones when the table is full. */
-static __always_inline int is_expected_reply(const struct flow *f)
+/* in_flows reports whether the packet from src to dst is exactly a reply
+ * xdproxy waits for. */
+static __always_inline int in_flows(const struct svc_key *src,
+				    const struct svc_key *dst)
 {
 	struct flow_key k;
 
 	__builtin_memset(&k, 0, sizeof(k));
-	__builtin_memcpy(k.src, f->src.addr, 16);
-	__builtin_memcpy(k.dst, f->dst.addr, 16);
-	k.sport = f->src.port;
-	k.dport = f->dst.port;
-	k.proto = f->src.proto;
+	__builtin_memcpy(k.src, src->addr, 16);
+	__builtin_memcpy(k.dst, dst->addr, 16);
+	k.sport = src->port;
+	k.dport = dst->port;
+	k.proto = src->proto;
 	return bpf_map_lookup_elem(&flows, &k) != 0;
 }
 
+static __always_inline void frag_key_of(struct frag_key *k,
+					const struct flow *f,
+					const struct ip_info *ip)
+{
+	__builtin_memset(k, 0, sizeof(*k));
+	__builtin_memcpy(k->src, f->src.addr, 16);
+	__builtin_memcpy(k->dst, f->dst.addr, 16);
+	k->id = ip->frag_id;
+	k->proto = ip->proto;
+}
+
+/* remember_fragments records a redirected first fragment so that the
+ * rest of its datagram follows it. */
+static __always_inline void remember_fragments(const struct flow *f,
+					       const struct ip_info *ip)
+{
+	struct frag_key k;
+	__u8 one = 1;
+
+	if (!ip->fragmented)
+		return;
+	frag_key_of(&k, f, ip);
+	if (bpf_map_update_elem(&frags, &k, &one, BPF_ANY) != 0)
+		count(CNT_FRAG_TRACK_FAILED);
+}
+
 /* quote_is_ours parses the packet an ICMP error quotes, at pos, and reports
- * whether xdproxy sent or forwarded it. Only eight bytes of its L4 header
- * are guaranteed to be quoted, enough for ports and an echo id. */
+ * whether xdproxy sent it. Only eight bytes of its L4 header are
+ * guaranteed to be quoted, enough for ports and an echo id. */
 static __always_inline int quote_is_ours(void *pos, void *end, int family)
 {
 	struct flow in;
@@ -486,13 +507,12 @@ static __always_inline int quote_is_ours(void *pos, void *end, int family)
 		return 0;
 	}
 
-	if (in_map(&backends, &in.dst))
-		return 1; /* about a packet we forwarded to an endpoint */
-	if (in_map(&frontends, &in.dst) || in_map(&frontends, &in.src))
-		return 1; /* about a packet to or from a service frontend */
-	if ((addr_flags(in.src.addr) & ADDR_NODE) && in_snat_range(in.src.port))
-		return 1; /* about a packet we sent from an SNAT port */
-	return 0;
+	/* Sent toward a backend (its source a client, or a SNAT address and
+	 * port): the packet reversed is a reply xdproxy waits for. */
+	if (in_flows(&in.dst, &in.src))
+		return 1;
+	/* Sent to a client as a service's reply: from a frontend. */
+	return in_map(&frontends, &in.src);
 }
 
 SEC("xdp")
@@ -530,8 +550,11 @@ int xdproxy_xdp(struct xdp_md *ctx)
 	if (r == IP_BAD)
 		return pass(CNT_PARSE_FAILED);
 	if (r == IP_LATER_FRAGMENT) {
-		if ((addr_flags(f.dst.addr) & ADDR_VIP) ||
-		    (addr_flags(f.src.addr) & ADDR_BACKEND))
+		struct frag_key k;
+
+		frag_key_of(&k, &f, &ip);
+		if (bpf_map_lookup_elem(&frags, &k) ||
+		    (addr_flags(f.dst.addr) & ADDR_VIP))
 			return redirect(ctx, CNT_MATCH_FRAGMENT);
 		return pass(CNT_PASSED);
 	}
@@ -547,15 +570,16 @@ int xdproxy_xdp(struct xdp_md *ctx)
 		return pass(CNT_PASSED);
 	}
 
-	if (in_map(&frontends, &f.dst))
+	if (in_map(&frontends, &f.dst)) {
+		remember_fragments(&f, &ip);
 		return redirect(ctx, CNT_MATCH_FRONTEND);
-	if (is_expected_reply(&f))
+	}
+	/* The identifier of an echo request is the sender's choice: only an
+	 * echo reply can be a reply xdproxy waits for. */
+	if (!f.echo_request && in_flows(&f.src, &f.dst)) {
+		remember_fragments(&f, &ip);
 		return redirect(ctx, CNT_MATCH_FLOW);
-	/* The identifier of an echo request is the sender's choice: only a
-	 * reply can be for one of our SNAT ids. */
-	if (!f.echo_request && (addr_flags(f.dst.addr) & ADDR_NODE) &&
-	    in_snat_range(f.dst.port))
-		return redirect(ctx, CNT_MATCH_SNAT);
+	}
 	return pass(CNT_PASSED);
 }
 
