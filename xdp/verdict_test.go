@@ -68,8 +68,8 @@ var testFlows = func() []FlowKey {
 	return []FlowKey{
 		{a(backend4), a(client4), 8080, 12345, packet.ProtoTCP},
 		{a(backend4), a(client4), 5353, 5000, packet.ProtoUDP},
-		{a(backend4), a(node4), 8080, 61001, packet.ProtoTCP}, // masqueraded
-		{a(backend4), a(node4), 5353, 61002, packet.ProtoUDP}, // masqueraded
+		{a(backend4), a(node4), 8080, 61001, packet.ProtoTCP},   // masqueraded
+		{a(backend4), a(node4), 5353, 61002, packet.ProtoUDP},   // masqueraded
 		{a(backend4), a(node4), 62000, 62000, packet.ProtoICMP}, // masqueraded echo
 		{a(backend6), a(client6), 8443, 12345, packet.ProtoTCP},
 		{a(backend6), a(node6), 8443, 61001, packet.ProtoTCP}, // masqueraded
