@@ -51,8 +51,10 @@ func testConcurrentWorkers(t *testing.T, shards int) {
 	if testing.Short() || raceEnabled {
 		iters = 20000
 	}
+	var removals atomic.Int64
 	tb := newTable(t, Config{Capacity: 4096, EvictionWindow: 16, shards: shards,
-		Timeouts: Timeouts{UDPUnreplied: 2 * time.Second, UDPReplied: 5 * time.Second, TCPSynSent: 3 * time.Second}})
+		Timeouts: Timeouts{UDPUnreplied: 2 * time.Second, UDPReplied: 5 * time.Second, TCPSynSent: 3 * time.Second},
+		OnRemove: func(orig, reply packet.Tuple) { removals.Add(1) }})
 	snatPorts := PortRange{First: 30000, Last: 39999}
 	var clock atomic.Int64
 	var failed atomic.Bool
@@ -63,6 +65,11 @@ func testConcurrentWorkers(t *testing.T, shards int) {
 	}
 	var lookups, hits atomic.Int64
 
+	// The per-packet workers act like the dataplane: a packet of the
+	// original direction that finds no flow inserts it. So they find flows
+	// however the goroutines are scheduled; when they only looked, a
+	// schedule that ran them before the inserters, or after the flood had
+	// evicted everything, left them with no hit at all.
 	checkDNAT := func(i int, now int64, rng *rand.Rand) {
 		o, tr := dnatOrig(i), dnatTranslated(i)
 		tu, wantDir, want := o, Original, tr
@@ -71,6 +78,13 @@ func testConcurrentWorkers(t *testing.T, shards int) {
 		}
 		lookups.Add(1)
 		f, d, ok := tb.Lookup(tu, now)
+		if !ok && wantDir == Original {
+			if _, res := tb.Insert(o, tr, DNAT, uint32(i), now); res == ReplyExists || res == NoSNATPort {
+				fail("dnat insert on a miss %d: %v", i, res)
+			}
+			lookups.Add(1)
+			f, d, ok = tb.Lookup(tu, now)
+		}
 		if !ok {
 			return
 		}
@@ -89,7 +103,13 @@ func testConcurrentWorkers(t *testing.T, shards int) {
 		lookups.Add(1)
 		f, d, ok := tb.Lookup(o, now)
 		if !ok {
-			return
+			if _, _, res := tb.InsertSNAT(o, tup(snatAddr, 0, backend, 8080, packet.ProtoTCP), DNAT, uint32(1<<20|i), snatPorts, now); res == ReplyExists || res == NoSNATPort {
+				fail("snat insert on a miss %d: %v", i, res)
+			}
+			lookups.Add(1)
+			if f, d, ok = tb.Lookup(o, now); !ok {
+				return
+			}
 		}
 		hits.Add(1)
 		tr := f.Rewrite
@@ -108,10 +128,12 @@ func testConcurrentWorkers(t *testing.T, shards int) {
 	}
 
 	var wg sync.WaitGroup
+	start := make(chan struct{}) // no worker gets a head start while the others are created
 	worker := func(seed uint64, body func(rng *rand.Rand)) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			<-start
 			rng := rand.New(rand.NewPCG(seed, seed*7))
 			for range iters {
 				if failed.Load() {
@@ -167,6 +189,7 @@ func testConcurrentWorkers(t *testing.T, shards int) {
 			tb.DeleteByBackend(dnatBackend(i), 0, packet.ProtoUDP)
 		}
 	})
+	close(start)
 	wg.Wait()
 	if failed.Load() {
 		return
@@ -198,8 +221,28 @@ func testConcurrentWorkers(t *testing.T, shards int) {
 	if uint64(n) != st.Live {
 		t.Errorf("All yields %d flows, Live is %d", n, st.Live)
 	}
+	// Every flow that left the table was reported exactly once.
+	gone := st.Expired + st.ExpiredOnInsert + st.EvictedExpired + st.EvictedUnassured + st.Deleted
+	if r := uint64(removals.Load()); r != gone || st.Inserts != st.Live+r {
+		t.Errorf("OnRemove called %d times; %d removals counted, %d inserts, %d live", r, gone, st.Inserts, st.Live)
+	}
+	var byState uint64
+	for _, c := range st.ByState {
+		byState += c
+	}
+	if byState != st.Live || st.Assured+st.Unassured != st.Live {
+		t.Errorf("per-state counts %v (assured %d, unassured %d) do not add up to %d live", st.ByState, st.Assured, st.Unassured, st.Live)
+	}
+	if c := tb.CountByState(0); c != func() (c [NumStates]int) {
+		for s, v := range st.ByState {
+			c[s] = int(v)
+		}
+		return c
+	}() {
+		t.Errorf("CountByState %v, Stats.ByState %v", c, st.ByState)
+	}
 	t.Logf("%d lookups, %d hits; stats %+v", lookups.Load(), hits.Load(), st)
-	if hits.Load() == 0 || st.Deleted == 0 || st.EvictedUnreplied == 0 {
+	if hits.Load() == 0 || st.Deleted == 0 || st.EvictedUnassured == 0 {
 		t.Errorf("the test did not exercise every path: %+v", st)
 	}
 	// Whether an entry expires while the goroutines race depends on how

@@ -16,6 +16,7 @@ type FlowInfo struct {
 	ServiceID  uint32
 	State      State
 	SeenReply  bool
+	Assured    bool          // never early-dropped (see doc.go)
 	Created    time.Duration // since the clock's zero, ms precision
 	Expires    time.Duration
 }
@@ -54,6 +55,7 @@ func (t *Table) readInfo(idx uint32) (FlowInfo, uint64, bool) {
 			ServiceID:  uint32(meta),
 			State:      timerState(tm),
 			SeenReply:  timerStatus(tm)&statusSeenReply != 0,
+			Assured:    timerStatus(tm)&statusAssured != 0,
 			Created:    time.Duration(created) * time.Millisecond,
 			Expires:    time.Duration(timerDeadline(tm)) * time.Millisecond,
 		}, tm, true
@@ -101,9 +103,10 @@ func (t *Table) DeleteIf(match func(*FlowInfo) bool) int {
 		if !ok || !match(&fi) {
 			continue
 		}
-		if t.remove(idx, tm) {
+		if g, ok := t.remove(idx, tm); ok {
 			t.ownerOf(idx).c.deleted.Add(1)
 			n++
+			t.notify(&g)
 		}
 	}
 	return n
@@ -120,20 +123,39 @@ func (t *Table) DeleteByBackend(addr packet.Addr, port uint16, proto packet.Prot
 	})
 }
 
-// Stats are the table's counters since New.
+// Stats are the table's counters since New, and its current fill. Flow
+// counts (Live, Assured, Unassured, ByState) include flows that have
+// expired but were not swept yet; CountByState leaves those out.
 type Stats struct {
-	Live               uint64 // flows in the table, expired ones not yet swept included
-	Inserts            uint64
-	OrigExists         uint64 // inserts refused: the original tuple was taken
-	ReplyExists        uint64 // inserts refused: the reply tuple was taken
-	FullDrops          uint64 // inserts refused: DropConntrackFull
-	IndexFull          uint64 // of FullDrops, those where the shard's index had no room
-	EvictedExpired     uint64 // entries reused by an insert into a full shard because they had expired
-	EvictedUnreplied   uint64 // live unreplied entries dropped to make room (early drop)
-	Expired            uint64 // removed by Sweep
-	ExpiredOnInsert    uint64 // expired flows removed because a new flow needed their key
-	Deleted            uint64 // removed by Delete, DeleteIf or DeleteByBackend
-	IndexRebuilds      uint64
+	Live      uint64 // flows in the table, expired ones not yet swept included
+	Assured   uint64 // of Live, flows that are assured: never early-dropped
+	Unassured uint64 // of Live, flows an insert into a full shard may drop
+	// ByState is Live by state (index by State; StateFree stays 0).
+	ByState     [NumStates]uint64
+	FillRatio   float64 // Live / Capacity
+	Inserts     uint64
+	OrigExists  uint64 // inserts refused: the original tuple was taken
+	ReplyExists uint64 // inserts refused: the reply tuple was taken
+	FullDrops   uint64 // inserts refused: DropConntrackFull
+	IndexFull   uint64 // of FullDrops, those where the shard's index had no room
+	// EvictedExpired counts entries reused by an insert into a full shard
+	// because they had expired.
+	EvictedExpired uint64
+	// EvictedUnassured counts live flows that were not assured, dropped
+	// to make room (early drop), in any state.
+	EvictedUnassured uint64
+	// EvictedUnreplied counts, of EvictedUnassured, the flows that had
+	// never seen a reply.
+	EvictedUnreplied uint64
+	Expired          uint64 // removed by Sweep
+	ExpiredOnInsert  uint64 // expired flows removed because a new flow needed their key
+	Deleted          uint64 // removed by Delete, DeleteIf or DeleteByBackend
+	IndexRebuilds    uint64
+	// OutOfWindowRST and OutOfWindowFIN count TCP resets and FINs that
+	// UpdateTCP ignored because their sequence numbers were outside the
+	// tracked window (the caller drops them).
+	OutOfWindowRST     uint64
+	OutOfWindowFIN     uint64
 	SNATRetries        uint64 // ports tried beyond the first
 	SNATExhausted      uint64 // InsertSNAT calls that found no port
 	FragsRemembered    uint64
@@ -144,31 +166,51 @@ type Stats struct {
 	IndexSlotsPerShard uint64
 }
 
-// Stats sums the counters. It reads atomics only.
+// Stats sums the counters. It reads atomics only (a few hundred per
+// shard), so a metrics scrape never stalls a worker.
 func (t *Table) Stats() Stats {
 	var s Stats
 	for i := range t.shards {
 		sh := &t.shards[i]
 		c := &sh.c
 		s.Live += uint64(sh.live.Load())
+		for a := range sh.counts {
+			for st := range sh.counts[a] {
+				n := uint64(max(0, sh.counts[a][st].Load()))
+				s.ByState[st] += n
+				if a == 1 {
+					s.Assured += n
+				}
+			}
+		}
 		s.Inserts += c.inserts.Load()
 		s.OrigExists += c.origExists.Load()
 		s.ReplyExists += c.replyExists.Load()
 		s.FullDrops += c.full.Load()
 		s.IndexFull += c.indexFull.Load()
 		s.EvictedExpired += c.evictedExpired.Load()
+		s.EvictedUnassured += c.evictedUnassured.Load()
 		s.EvictedUnreplied += c.evictedUnreplied.Load()
 		s.Expired += c.expired.Load()
 		s.ExpiredOnInsert += c.expiredOnInsert.Load()
 		s.Deleted += c.deleted.Load()
 		s.IndexRebuilds += c.rebuilds.Load()
+		s.OutOfWindowRST += c.outOfWindowRST.Load()
+		s.OutOfWindowFIN += c.outOfWindowFIN.Load()
 	}
+	// The counts are updated right after each swap, without a lock, so
+	// under load they may trail Live by a transition or two.
+	s.Assured = min(s.Assured, s.Live)
+	s.Unassured = s.Live - s.Assured
 	s.SNATRetries = t.snatTries.Load()
 	s.SNATExhausted = t.snatFails.Load()
 	s.FragsRemembered = t.frags.remembered.Load()
 	s.FragsEvicted = t.frags.evicted.Load()
 	s.FragsWriterBusy = t.frags.busy.Load()
 	s.Capacity = uint64(len(t.entries))
+	if s.Capacity > 0 {
+		s.FillRatio = float64(s.Live) / float64(s.Capacity)
+	}
 	s.Shards = uint64(len(t.shards))
 	s.IndexSlotsPerShard = uint64(len(t.shards[0].index.Load().slots))
 	return s

@@ -39,8 +39,34 @@ type Config struct {
 	// FragmentTimeout is how long a fragment translation is kept.
 	// Default 30s, the kernel's reassembly timeout (ipfrag_time).
 	FragmentTimeout time.Duration
-	// Seed keys the hash; 0 picks a random one.
+	// Seed keys the hash; 0 picks a random one. A table restored from a
+	// state file keeps the file's seed.
 	Seed uint64
+
+	// OnRemove, when set, is called once for every flow that leaves the
+	// table: expired (Sweep, an insert that needed its key or its entry,
+	// or found expired when New restores a state file), early-dropped by
+	// an insert into a full shard, or deleted (Delete, DeleteIf,
+	// DeleteByBackend). orig is the original tuple, reply the tuple reply
+	// packets arrive with (the key the XDP program's reply map holds). It
+	// runs on the goroutine that removed the flow (a worker's Insert or
+	// Sweep, a control-plane Delete, or New), after the removal and with
+	// no lock of the table held; calls from several goroutines may run at
+	// once and in any order. It must be quick and must not call back into
+	// the table's inserts or removals on a path that would wait for this
+	// call. The table does not allocate to make the call.
+	OnRemove func(orig, reply packet.Tuple)
+
+	// StatePath, when set, keeps the entries in this file, mapped shared,
+	// so that the next process to call New with the same path and layout
+	// adopts every live flow (see doc.go, "State file"). Put it on a
+	// tmpfs such as /run/xdproxy/conntrack.state. Tables with a state file
+	// must be given CLOCK_MONOTONIC nanoseconds as now (MonotonicNow).
+	StatePath string
+	// Clock is the time New uses to tell which restored flows have
+	// expired, in the clock every later call passes as now. Default
+	// MonotonicNow. Only used with StatePath.
+	Clock func() int64
 
 	shards int // tests force a shard count with it
 }
@@ -109,8 +135,10 @@ func (r InsertResult) Reason() packet.Reason {
 }
 
 // entry is one flow, 128 bytes: two cache lines, aligned when the slab is a
-// large (page-aligned) allocation. Every field is an atomic word so that lock-free
-// readers racing with writers are well defined (see doc.go).
+// large (page-aligned) allocation or the state file's mapping. Every field
+// is an atomic word so that lock-free readers racing with writers are well
+// defined (see doc.go). The layout is also the state file's format: a
+// change to it must change stateVersion.
 type entry struct {
 	seq   atomic.Uint64 // even: stable; odd: being written; +2 per insert
 	timer atomic.Uint64 // state, status, generation, deadline (packTimer)
@@ -119,9 +147,9 @@ type entry struct {
 	reply [keyWords]atomic.Uint64
 	// created is the insert time in ms while the entry is live and the
 	// next free entry (+1) while it is free.
-	created   atomic.Uint64
-	hashOrig  atomic.Uint64
-	hashReply atomic.Uint64
+	created atomic.Uint64
+	// win is the TCP window tracking word of each Direction (window.go).
+	win [2]atomic.Uint64
 }
 
 const entrySize = 128
@@ -130,13 +158,14 @@ const entrySize = 128
 var _ [entrySize - unsafe.Sizeof(entry{})]byte
 var _ [unsafe.Sizeof(entry{}) - entrySize]byte
 
-// Timer word layout.
+// Timer word layout: state (4 bits), status (3), generation (16),
+// deadline in ms (41 bits: 69 years of the clock).
 const (
 	stateMask     = 0xf
 	statusShift   = 4
-	statusMask    = 0x3
-	genShift      = 6
-	deadlineShift = 22
+	statusMask    = 0x7
+	genShift      = 7
+	deadlineShift = 23
 	deadlineMaxMs = 1<<(64-deadlineShift) - 1
 	timerFree     = 0 // StateFree, the value of a free entry's timer
 )
@@ -197,25 +226,31 @@ type shard struct {
 	tombs       int
 	live        atomic.Int64
 	c           shardCounters
-	_           [64]byte
+	// counts holds the flows of the shard's entries by assured (0, 1) and
+	// state, kept by whoever swaps a timer: Insert, Update, removals.
+	counts [2][NumStates]atomic.Int64
+	_      [64]byte
 }
 
 type shardCounters struct {
-	inserts, origExists, replyExists, full, indexFull          atomic.Uint64
-	evictedExpired, evictedUnreplied, expired, expiredOnInsert atomic.Uint64
-	deleted, rebuilds                                          atomic.Uint64
+	inserts, origExists, replyExists, full, indexFull                            atomic.Uint64
+	evictedExpired, evictedUnassured, evictedUnreplied, expired, expiredOnInsert atomic.Uint64
+	deleted, rebuilds, outOfWindowRST, outOfWindowFIN                            atomic.Uint64
 }
 
-// Table is the connection table. All methods are safe for concurrent use.
+// Table is the connection table. All methods are safe for concurrent use,
+// except Close.
 type Table struct {
 	entries   []entry
 	shards    []shard
 	shardMask uint64
 	perShard  uint32
+	rawSeed   uint64
 	seed      key
-	timeout   [NumStates]uint64 // ms
-	slack     [NumStates]uint64 // ms
+	timeout   [2][NumStates]uint64 // ms, by assured and state
+	slack     [2][NumStates]uint64 // ms
 	window    int
+	onRemove  func(orig, reply packet.Tuple)
 
 	sweepCursor atomic.Uint64
 	_           [56]byte
@@ -223,6 +258,9 @@ type Table struct {
 	snatFails   atomic.Uint64
 
 	frags *fragmentTable
+
+	state    *stateFile // nil without StatePath
+	restored RestoreInfo
 }
 
 // New allocates a table for cfg.Capacity flows.
@@ -249,29 +287,23 @@ func New(cfg Config) (*Table, error) {
 		return nil, fmt.Errorf("conntrack: capacity %d needs %d index slots per shard, more than %d", cfg.Capacity, nSlots, maxShardSlots)
 	}
 	t := &Table{
-		entries:   make([]entry, perShard*nShards),
 		shards:    make([]shard, nShards),
 		shardMask: uint64(nShards - 1),
 		perShard:  uint32(perShard),
 		window:    cfg.EvictionWindow,
+		onRemove:  cfg.OnRemove,
 	}
 	if t.window == 0 {
 		t.window = defaultWindow
 	}
 	to := cfg.Timeouts.withDefaults()
 	t.timeout = to.byState()
-	for s := range t.slack {
-		// Skipping refreshes smaller than this keeps established flows
-		// from writing their entry on every packet.
-		t.slack[s] = min(1000, t.timeout[s]/16)
-	}
-	seed := cfg.Seed
-	if seed == 0 {
-		seed = rand.Uint64() | 1
-	}
-	for i := range t.seed {
-		seed = seed*0x9e3779b97f4a7c15 + uint64(i)
-		t.seed[i] = seed ^ seed>>29
+	for a := range t.slack {
+		for s := range t.slack[a] {
+			// Skipping refreshes smaller than this keeps established
+			// flows from writing their entry on every packet.
+			t.slack[a][s] = min(1000, t.timeout[a][s]/16)
+		}
 	}
 	for i := range t.shards {
 		sh := &t.shards[i]
@@ -279,6 +311,12 @@ func New(cfg Config) (*Table, error) {
 		sh.first = uint32(i * perShard)
 		sh.count = uint32(perShard)
 		sh.index.Store(newSlotArray(nSlots))
+	}
+	if cfg.StatePath == "" {
+		t.entries = make([]entry, perShard*nShards)
+		t.setSeed(cfg.Seed)
+	} else if err := t.openState(cfg); err != nil {
+		return nil, err
 	}
 	fragCap := cfg.FragmentCapacity
 	if fragCap == 0 {
@@ -290,6 +328,18 @@ func New(cfg Config) (*Table, error) {
 	}
 	t.frags = newFragmentTable(fragCap, fragTimeout, t.seed)
 	return t, nil
+}
+
+// setSeed derives the hash key from seed, or from a random seed if it is 0.
+func (t *Table) setSeed(seed uint64) {
+	if seed == 0 {
+		seed = rand.Uint64() | 1
+	}
+	t.rawSeed = seed
+	for i := range t.seed {
+		seed = seed*0x9e3779b97f4a7c15 + uint64(i)
+		t.seed[i] = seed ^ seed>>29
+	}
 }
 
 func newSlotArray(n int) *slotArray {
@@ -378,12 +428,19 @@ func (t *Table) readFlow(idx uint32, dir Direction, k *key, nowMs uint64, f *Flo
 // neither the state changes nor the deadline moves by more than
 // min(1s, timeout/16) it writes nothing, so a busy flow does not bounce its
 // cache line between the CPUs of its two directions.
+//
+// Update knows TCP flags only: it accepts every RST and FIN. UpdateTCP
+// also tracks sequence numbers and windows; use one or the other for all
+// the TCP packets of a table.
 func (t *Table) Update(h Handle, dir Direction, tcpFlags uint8, now int64) (State, bool) {
 	if h.idx == 0 || h.idx > uint32(len(t.entries)) {
 		return StateFree, false
 	}
-	e := &t.entries[h.idx-1]
-	nowMs := msOf(now)
+	return t.advance(&t.entries[h.idx-1], h, dir, tcpFlags, msOf(now))
+}
+
+// advance is Update on entry e of h.
+func (t *Table) advance(e *entry, h Handle, dir Direction, tcpFlags uint8, nowMs uint64) (State, bool) {
 	for {
 		old := e.timer.Load()
 		s := timerState(old)
@@ -391,14 +448,43 @@ func (t *Table) Update(h Handle, dir Direction, tcpFlags uint8, now int64) (Stat
 			return StateFree, false
 		}
 		st := timerStatus(old)
-		ns, nst := next(s, st, dir, tcpFlags)
-		dl := nowMs + t.timeout[ns]
-		if ns == s && nst == st && dl < timerDeadline(old)+t.slack[ns] {
+		// Only a replied UDP flow that is not a stream yet needs its age.
+		udpOld := s == UDPReplied && st&statusAssured == 0 && nowMs > e.created.Load()+udpStreamMs
+		ns, nst := next(s, st, dir, tcpFlags, udpOld)
+		a := assuredBit(nst)
+		dl := nowMs + t.timeout[a][ns]
+		if ns == s && nst == st && dl < timerDeadline(old)+t.slack[a][ns] {
 			return s, true
 		}
-		if e.timer.CompareAndSwap(old, packTimer(ns, nst, h.gen, dl)) {
+		nt := packTimer(ns, nst, h.gen, dl)
+		if e.timer.CompareAndSwap(old, nt) {
+			if ns != s || a != assuredBit(st) {
+				t.recount(h.idx-1, old, nt)
+			}
 			return ns, true
 		}
+	}
+}
+
+// recount moves a flow between the per-state counts after its timer was
+// swapped from old to new. Transitions are a handful per flow, so this is
+// off the per-packet path.
+func (t *Table) recount(idx uint32, old, new uint64) {
+	c := &t.ownerOf(idx).counts
+	c[assuredBit(timerStatus(old))][timerState(old)].Add(-1)
+	c[assuredBit(timerStatus(new))][timerState(new)].Add(1)
+}
+
+// gone holds a removed flow's keys, copied while the entry could not be
+// reused yet, for the OnRemove callback made after the locks are released.
+type gone struct {
+	orig, reply key
+	ok          bool
+}
+
+func (t *Table) notify(g *gone) {
+	if g.ok && t.onRemove != nil {
+		t.onRemove(g.orig.tuple(), g.reply.tuple())
 	}
 }
 
@@ -423,7 +509,9 @@ func (t *Table) Insert(orig, translated packet.Tuple, flags Flags, serviceID uin
 	meta := uint64(serviceID) | uint64(flags)<<32
 	st := initialState(orig.Proto)
 	for attempt := 0; ; attempt++ {
-		h, res, staleIdx, staleTimer := t.tryInsert(&ko, &kr, ho, hr, meta, st, nowMs)
+		var evicted gone
+		h, res, staleIdx, staleTimer := t.tryInsert(&ko, &kr, ho, hr, meta, st, nowMs, &evicted)
+		t.notify(&evicted)
 		if staleIdx == 0 {
 			return h, res
 		}
@@ -433,15 +521,17 @@ func (t *Table) Insert(orig, translated packet.Tuple, flags Flags, serviceID uin
 		}
 		// An expired flow not yet swept holds one of the keys: remove it
 		// with its own locks, then try again.
-		if t.remove(staleIdx-1, staleTimer) {
+		if g, ok := t.remove(staleIdx-1, staleTimer); ok {
 			t.ownerOf(staleIdx - 1).c.expiredOnInsert.Add(1)
+			t.notify(&g)
 		}
 	}
 }
 
 // tryInsert inserts under the shard locks. If an expired flow holds a key,
-// it returns that entry (+1) and its timer instead.
-func (t *Table) tryInsert(ko, kr *key, ho, hr, meta uint64, st State, nowMs uint64) (Handle, InsertResult, uint32, uint64) {
+// it returns that entry (+1) and its timer instead. A flow it evicts to
+// make room is described in *evicted.
+func (t *Table) tryInsert(ko, kr *key, ho, hr, meta uint64, st State, nowMs uint64, evicted *gone) (Handle, InsertResult, uint32, uint64) {
 	so, sr := t.shardOf(ho), t.shardOf(hr)
 	lockPair(so, sr)
 	defer unlockPair(so, sr)
@@ -478,7 +568,7 @@ func (t *Table) tryInsert(ko, kr *key, ho, hr, meta uint64, st State, nowMs uint
 	}
 	idx, ok := so.allocLocked(t)
 	if !ok {
-		if idx, ok = t.evictLocked(so, sr, nowMs); !ok {
+		if idx, ok = t.evictLocked(so, sr, nowMs, evicted); !ok {
 			so.c.full.Add(1)
 			return Handle{}, Full, 0, 0
 		}
@@ -492,15 +582,16 @@ func (t *Table) tryInsert(ko, kr *key, ho, hr, meta uint64, st State, nowMs uint
 	}
 	e.meta.Store(meta)
 	e.created.Store(nowMs)
-	e.hashOrig.Store(ho)
-	e.hashReply.Store(hr)
 	gen := uint16((seq + 2) >> 1)
-	e.timer.Store(packTimer(st, 0, gen, nowMs+t.timeout[st]))
+	e.win[Original].Store(winTag(gen))
+	e.win[Reply].Store(winTag(gen))
+	e.timer.Store(packTimer(st, 0, gen, nowMs+t.timeout[0][st]))
 	e.seq.Store(seq + 2)
 	// Publish the keys only now that the entry is complete.
 	placeLocked(so, ho, ho>>tagShift<<tagShift|uint64(idx+1))
 	placeLocked(sr, hr, hr>>tagShift<<tagShift|slotDirReply|uint64(idx+1))
 	so.live.Add(1)
+	so.counts[0][st].Add(1)
 	so.c.inserts.Add(1)
 	return Handle{idx: idx + 1, gen: gen}, Inserted, 0, 0
 }
@@ -581,7 +672,8 @@ func (t *Table) roomInIndex(sh *shard, need int) bool {
 // rebuildLocked publishes a copy of sh's index without tombstones. Readers
 // still probing the old array find what it held; entries they reach are
 // validated as always. This allocates, and happens only when tombstones
-// fill a quarter of the slots.
+// fill a quarter of the slots. Each key's hash is computed again from the
+// entry, whose keys cannot change while sh is locked and the slot is live.
 func (t *Table) rebuildLocked(sh *shard) {
 	old := sh.index.Load()
 	fresh := newSlotArray(len(old.slots))
@@ -592,10 +684,13 @@ func (t *Table) rebuildLocked(sh *shard) {
 			continue
 		}
 		e := &t.entries[uint32(s)-1]
-		h := e.hashOrig.Load()
+		var k key
 		if s&slotDirReply != 0 {
-			h = e.hashReply.Load()
+			loadKey(&e.reply, &k)
+		} else {
+			loadKey(&e.orig, &k)
 		}
+		h := hashKey(&k, &t.seed)
 		pos := h & fresh.mask
 		for fresh.slots[pos].Load() != slotEmpty {
 			pos = (pos + 1) & fresh.mask
@@ -677,8 +772,9 @@ func (sh *shard) freeLocked(t *Table, idx uint32) {
 
 // evictLocked frees an entry of the full shard so (sr is also locked): the
 // first expired entry in the next window entries, else the oldest of them
-// that never saw a reply.
-func (t *Table) evictLocked(so, sr *shard, nowMs uint64) (uint32, bool) {
+// that is not assured, whatever its state (netfilter's early_drop). An
+// assured flow is never evicted. The evicted flow is described in *g.
+func (t *Table) evictLocked(so, sr *shard, nowMs uint64, g *gone) (uint32, bool) {
 	var victim uint32
 	var victimTimer, victimCreated uint64
 	found := false
@@ -694,31 +790,46 @@ func (t *Table) evictLocked(so, sr *shard, nowMs uint64) (uint32, bool) {
 			continue
 		}
 		if timerDeadline(tm) <= nowMs {
-			if t.unlinkLocked(idx, tm, so, sr) {
+			if t.unlinkLocked(idx, tm, so, sr, g) {
 				so.c.evictedExpired.Add(1)
 				return idx, true
 			}
 			continue
 		}
-		if timerStatus(tm)&statusSeenReply == 0 {
+		if timerStatus(tm)&statusAssured == 0 {
 			if c := e.created.Load(); !found || c < victimCreated {
 				victim, victimTimer, victimCreated, found = idx, tm, c, true
 			}
 		}
 	}
-	if found && t.unlinkLocked(victim, victimTimer, so, sr) {
-		so.c.evictedUnreplied.Add(1)
+	if found && t.unlinkLocked(victim, victimTimer, so, sr, g) {
+		so.c.evictedUnassured.Add(1)
+		if timerStatus(victimTimer)&statusSeenReply == 0 {
+			so.c.evictedUnreplied.Add(1)
+		}
 		return victim, true
 	}
 	return 0, false
 }
 
+// loadKey copies key words w.
+func loadKey(w *[keyWords]atomic.Uint64, k *key) {
+	for i := range keyWords {
+		k[i] = w[i].Load()
+	}
+}
+
 // unlinkLocked removes entry idx, owned by the locked shard so, if its timer
-// still reads tm. Its reply key may live in a third shard: that one is only
-// tried, never waited for, since so and sr are already held.
-func (t *Table) unlinkLocked(idx uint32, tm uint64, so, sr *shard) bool {
+// still reads tm, and copies its keys into *g. Its reply key may live in a
+// third shard: that one is only tried, never waited for, since so and sr
+// are already held. The keys cannot change meanwhile: only an insert into
+// so writes them.
+func (t *Table) unlinkLocked(idx uint32, tm uint64, so, sr *shard, g *gone) bool {
 	e := &t.entries[idx]
-	hr := e.hashReply.Load()
+	var ko, kr key
+	loadKey(&e.orig, &ko)
+	loadKey(&e.reply, &kr)
+	hr := hashKey(&kr, &t.seed)
 	vr := t.shardOf(hr)
 	if vr != so && vr != sr {
 		if !vr.mu.TryLock() {
@@ -729,32 +840,35 @@ func (t *Table) unlinkLocked(idx uint32, tm uint64, so, sr *shard) bool {
 	if !e.timer.CompareAndSwap(tm, timerFree) {
 		return false
 	}
-	ho := e.hashOrig.Load()
+	ho := hashKey(&ko, &t.seed)
 	unplaceLocked(so, ho, ho>>tagShift<<tagShift|uint64(idx+1))
 	unplaceLocked(vr, hr, hr>>tagShift<<tagShift|slotDirReply|uint64(idx+1))
 	so.live.Add(-1)
+	so.counts[assuredBit(timerStatus(tm))][timerState(tm)].Add(-1)
+	g.orig, g.reply, g.ok = ko, kr, true
 	return true
 }
 
 // remove deletes entry idx if its timer still reads tm, taking the locks
-// of both its shards.
-func (t *Table) remove(idx uint32, tm uint64) bool {
+// of both its shards. It returns the removed flow for notify, which the
+// caller makes once the locks are released.
+func (t *Table) remove(idx uint32, tm uint64) (gone, bool) {
 	e := &t.entries[idx]
 	so := t.ownerOf(idx)
-	hr := e.hashReply.Load()
-	sr := t.shardOf(hr)
+	// The reply key read here, unlocked, picks the second lock. If the
+	// entry is reused meanwhile its generation differs and the timer
+	// check below fails; unlinkLocked reads the keys again under the lock.
+	var kr key
+	loadKey(&e.reply, &kr)
+	sr := t.shardOf(hashKey(&kr, &t.seed))
 	lockPair(so, sr)
 	defer unlockPair(so, sr)
-	// If the entry was reused since tm was read, its generation differs
-	// and the timer cannot match; then hr may belong to the new flow too.
-	if e.timer.Load() != tm || e.hashReply.Load() != hr {
-		return false
-	}
-	if !t.unlinkLocked(idx, tm, so, sr) {
-		return false
+	var g gone
+	if e.timer.Load() != tm || !t.unlinkLocked(idx, tm, so, sr, &g) {
+		return gone{}, false
 	}
 	so.freeLocked(t, idx)
-	return true
+	return g, true
 }
 
 // Delete removes the flow h if it still exists.
@@ -768,8 +882,9 @@ func (t *Table) Delete(h Handle) bool {
 		if timerState(tm) == StateFree || timerGen(tm) != h.gen {
 			return false
 		}
-		if t.remove(idx, tm) {
+		if g, ok := t.remove(idx, tm); ok {
 			t.ownerOf(idx).c.deleted.Add(1)
+			t.notify(&g)
 			return true
 		}
 	}
@@ -790,9 +905,12 @@ func (t *Table) Sweep(budget int, now int64) int {
 	removed := 0
 	for range b {
 		tm := t.entries[idx].timer.Load()
-		if timerState(tm) != StateFree && timerDeadline(tm) <= nowMs && t.remove(uint32(idx), tm) {
-			t.ownerOf(uint32(idx)).c.expired.Add(1)
-			removed++
+		if timerState(tm) != StateFree && timerDeadline(tm) <= nowMs {
+			if g, ok := t.remove(uint32(idx), tm); ok {
+				t.ownerOf(uint32(idx)).c.expired.Add(1)
+				removed++
+				t.notify(&g)
+			}
 		}
 		if idx++; idx == n {
 			idx = 0

@@ -2,6 +2,7 @@ package conntrack
 
 import (
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
@@ -249,38 +250,94 @@ func TestTCPTransitions(t *testing.T) {
 		if c.closer == Reply {
 			status = statusCloserReply
 		}
-		got, _ := next(c.from, status, c.dir, c.flags)
+		got, _ := next(c.from, status, c.dir, c.flags, false)
 		if got != c.to {
 			t.Errorf("%v (closer %v) + %v flags %#x = %v, want %v", c.from, c.closer, c.dir, c.flags, got, c.to)
 		}
 	}
 }
 
+// TestUDPRepliedAndUnreplied follows nf_conntrack_proto_udp: 30 s until a
+// reply; a replied flow keeps 30 s until a packet more than 2 s after its
+// creation makes it a stream: assured, 120 s.
 func TestUDPRepliedAndUnreplied(t *testing.T) {
-	tb := newTable(t, Config{Capacity: 64})
-	q := tup(client, 5000, frontend, 53, packet.ProtoUDP)
-	h := mustInsert(t, tb, q, tup(client, 5000, backend, 53, packet.ProtoUDP), DNAT, 1, 0)
-	if f, _ := mustLookup(t, tb, q, 0); f.State != UDPUnreplied {
-		t.Fatalf("state %v", f.State)
+	type step struct {
+		at      int64 // ms since the insert
+		dir     Direction
+		state   State
+		assured bool
+		expires int64 // ms since the insert
 	}
-	if _, _, ok := tb.Lookup(q, 30*sec); ok {
-		t.Error("unreplied UDP flow alive after 30 s")
+	cases := []struct {
+		name  string
+		steps []step
+	}{
+		{"unreplied", []step{
+			{0, Original, UDPUnreplied, false, 30000},
+			{1500, Original, UDPUnreplied, false, 31500},
+			{10000, Original, UDPUnreplied, false, 40000},
+		}},
+		{"quick answer then quiet", []step{
+			{100, Reply, UDPReplied, false, 30100},
+			{1900, Original, UDPReplied, false, 31900}, // within 2 s: not a stream
+		}},
+		{"stream", []step{
+			{100, Reply, UDPReplied, false, 30100},
+			{2001, Original, UDPReplied, true, 122001},
+			{3500, Reply, UDPReplied, true, 123500}, // refreshes under 1 s are skipped: this one is 1.5 s
+		}},
+		{"late first reply is not yet a stream", []step{
+			{5000, Reply, UDPReplied, false, 35000}, // the reply itself does not assure (netfilter sets seen-reply after)
+			{5500, Reply, UDPReplied, true, 125500},
+		}},
+		{"exactly 2 s is not after 2 s", []step{
+			{1000, Reply, UDPReplied, false, 31000},
+			{2000, Original, UDPReplied, false, 32000},
+			{2001, Original, UDPReplied, true, 122001},
+		}},
 	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			tb := newTable(t, Config{Capacity: 64})
+			base := int64(i+1) * 1000 * sec
+			q := tup(client, uint16(5000+i), frontend, 53, packet.ProtoUDP)
+			h := mustInsert(t, tb, q, tup(client, uint16(5000+i), backend, 53, packet.ProtoUDP), DNAT, 1, base)
+			for j, s := range c.steps {
+				now := base + s.at*int64(time.Millisecond)
+				got, ok := tb.Update(h, s.dir, 0, now)
+				if !ok || got != s.state {
+					t.Fatalf("step %d: %v %v, want %v", j, got, ok, s.state)
+				}
+				fi := flowInfo(t, tb, q)
+				if fi.Assured != s.assured || fi.SeenReply != (s.state == UDPReplied) {
+					t.Errorf("step %d: assured %v seen reply %v, want %v", j, fi.Assured, fi.SeenReply, s.assured)
+				}
+				if want := time.Duration(base) + time.Duration(s.expires)*time.Millisecond; fi.Expires != want {
+					t.Errorf("step %d: expires at %v, want %v", j, fi.Expires, want)
+				}
+			}
+			last := c.steps[len(c.steps)-1]
+			end := base + last.expires*int64(time.Millisecond)
+			if _, _, ok := tb.Lookup(q, end-1e6); !ok {
+				t.Error("flow gone before its deadline")
+			}
+			if _, _, ok := tb.Lookup(q, end); ok {
+				t.Error("flow alive at its deadline")
+			}
+		})
+	}
+}
 
-	q2 := tup(client, 5001, frontend, 53, packet.ProtoUDP)
-	h = mustInsert(t, tb, q2, tup(client, 5001, backend, 53, packet.ProtoUDP), DNAT, 1, 0)
-	if s, _ := tb.Update(h, Original, 0, 10*sec); s != UDPUnreplied {
-		t.Errorf("after a second query: %v", s)
+// flowInfo returns the FlowInfo of the flow with original tuple tu.
+func flowInfo(t *testing.T, tb *Table, tu packet.Tuple) FlowInfo {
+	t.Helper()
+	for fi := range tb.All(0) {
+		if fi.Orig == tu {
+			return fi
+		}
 	}
-	if s, _ := tb.Update(h, Reply, 0, 20*sec); s != UDPReplied {
-		t.Errorf("after the answer: %v", s)
-	}
-	if _, _, ok := tb.Lookup(q2, 20*sec+120*sec-1e6); !ok {
-		t.Error("replied UDP flow gone before 120 s")
-	}
-	if _, _, ok := tb.Lookup(q2, 20*sec+120*sec); ok {
-		t.Error("replied UDP flow alive after 120 s")
-	}
+	t.Fatalf("flow %v not found by All", tu)
+	return FlowInfo{}
 }
 
 func TestICMPAndOtherTimeouts(t *testing.T) {
@@ -301,7 +358,13 @@ func TestConfiguredTimeouts(t *testing.T) {
 	tb := newTable(t, Config{Capacity: 64, Timeouts: Timeouts{TCPEstablished: time.Hour, UDPUnreplied: 5 * time.Second}})
 	tcp := tup(client, 1, frontend, 80, packet.ProtoTCP)
 	h := mustInsert(t, tb, tcp, tup(client, 1, backend, 80, packet.ProtoTCP), DNAT, 1, 0)
+	// Picked up mid-stream: ESTABLISHED, but capped at 300 s
+	// (TCPUnacknowledged) until the other side answers.
 	tb.Update(h, Original, packet.TCPAck, 0)
+	if exp := expiresAt(t, tb, tcp); exp != 300*sec {
+		t.Errorf("unanswered established expires at %v, want 300s", time.Duration(exp))
+	}
+	tb.Update(h, Reply, packet.TCPAck, 0)
 	if exp := expiresAt(t, tb, tcp); exp != int64(time.Hour) {
 		t.Errorf("established expires at %v, want 1h", time.Duration(exp))
 	}
@@ -311,8 +374,24 @@ func TestConfiguredTimeouts(t *testing.T) {
 		t.Errorf("UDP expires at %v, want 5s", time.Duration(exp))
 	}
 	// Unset fields keep the default.
-	if tb.timeout[TCPSynSent] != 120000 {
-		t.Errorf("SYN_SENT timeout %d ms", tb.timeout[TCPSynSent])
+	if tb.timeout[0][TCPSynSent] != 120000 || tb.timeout[1][TCPSynSent] != 120000 {
+		t.Errorf("SYN_SENT timeout %d ms", tb.timeout[0][TCPSynSent])
+	}
+}
+
+func TestKubeProxyTimeouts(t *testing.T) {
+	want := DefaultTimeouts
+	want.TCPEstablished, want.TCPCloseWait = 24*time.Hour, time.Hour
+	if KubeProxyTimeouts != want {
+		t.Errorf("KubeProxyTimeouts %+v", KubeProxyTimeouts)
+	}
+	if DefaultTimeouts.TCPEstablished != 5*24*time.Hour || DefaultTimeouts.TCPCloseWait != time.Minute {
+		t.Errorf("DefaultTimeouts changed: %+v", DefaultTimeouts)
+	}
+	tb := newTable(t, Config{Capacity: 64, Timeouts: KubeProxyTimeouts})
+	if tb.timeout[1][TCPEstablished] != 24*3600*1000 || tb.timeout[0][TCPEstablished] != 300*1000 ||
+		tb.timeout[1][TCPCloseWait] != 3600*1000 || tb.timeout[1][UDPReplied] != 120*1000 || tb.timeout[0][UDPReplied] != 30*1000 {
+		t.Errorf("timeouts %v", tb.timeout)
 	}
 }
 
@@ -368,12 +447,18 @@ func TestStaleHandles(t *testing.T) {
 }
 
 func TestSweep(t *testing.T) {
-	tb := newTable(t, Config{Capacity: 1000})
+	var removedFlows sync.Map
+	tb := newTable(t, Config{Capacity: 1000, OnRemove: func(orig, reply packet.Tuple) {
+		if _, dup := removedFlows.LoadOrStore(orig, reply); dup {
+			t.Errorf("OnRemove twice for %v", orig)
+		}
+	}})
 	for i := range 500 {
 		orig := tup(client, uint16(1000+i), frontend, 53, packet.ProtoUDP)
 		h := mustInsert(t, tb, orig, tup(client, uint16(1000+i), backend, 53, packet.ProtoUDP), DNAT, 1, 0)
 		if i%2 == 0 {
-			tb.Update(h, Reply, 0, 0) // 120 s
+			tb.Update(h, Reply, 0, 0)        // replied,
+			tb.Update(h, Original, 0, 3*sec) // then a stream: 120 s from 3 s
 		}
 	}
 	removed := 0
@@ -391,9 +476,9 @@ func TestSweep(t *testing.T) {
 		t.Fatalf("swept %d flows at 30 s, want the 250 unreplied", removed)
 	}
 	removed = 0
-	removed += tb.Sweep(5000, 120*sec) // budget larger than the table
+	removed += tb.Sweep(5000, 123*sec) // budget larger than the table
 	if removed != 250 {
-		t.Fatalf("swept %d flows at 120 s, want 250", removed)
+		t.Fatalf("swept %d flows at 123 s, want 250", removed)
 	}
 	st := tb.Stats()
 	if st.Expired != 500 || st.Live != 0 {
@@ -401,6 +486,18 @@ func TestSweep(t *testing.T) {
 	}
 	if n := tb.Sweep(0, 200*sec); n != 0 {
 		t.Errorf("zero budget swept %d", n)
+	}
+	n := 0
+	removedFlows.Range(func(k, v any) bool {
+		n++
+		o, r := k.(packet.Tuple), v.(packet.Tuple)
+		if r != tup(backend, 53, client, o.SrcPort, packet.ProtoUDP) {
+			t.Errorf("OnRemove(%v, %v): wrong reply tuple", o, r)
+		}
+		return true
+	})
+	if n != 500 {
+		t.Errorf("OnRemove called for %d flows, want 500", n)
 	}
 }
 
@@ -423,58 +520,108 @@ func TestExpiredFlowGivesWayOnInsert(t *testing.T) {
 	}
 }
 
-func TestFullTablePolicy(t *testing.T) {
-	tb := newTable(t, Config{Capacity: 4})
-	flow := func(i int) (packet.Tuple, packet.Tuple) {
-		return tup(client, uint16(i), frontend, 53, packet.ProtoUDP), tup(client, uint16(i), backend, 53, packet.ProtoUDP)
+// TestEarlyDrop checks which flow an insert into a full shard replaces:
+// an expired one first, else the oldest flow that is not assured, in any
+// state; never an assured flow.
+func TestEarlyDrop(t *testing.T) {
+	// Each flow is made by a list of (direction, flags, ms after its
+	// insert) packets; flow i is inserted at i seconds.
+	type pkt struct {
+		dir   Direction
+		flags uint8
+		at    int64
 	}
-	hs := make([]Handle, 0, 4)
-	for i := range 4 {
-		o, tr := flow(i)
-		hs = append(hs, mustInsert(t, tb, o, tr, DNAT, 1, int64(i)*sec))
+	var (
+		synOnly   = []pkt{{Original, packet.TCPSyn, 0}}
+		synRecv   = []pkt{{Original, packet.TCPSyn, 0}, {Reply, packet.TCPSyn | packet.TCPAck, 1}}
+		handshake = []pkt{{Original, packet.TCPSyn, 0}, {Reply, packet.TCPSyn | packet.TCPAck, 1}, {Original, packet.TCPAck, 2}}
+		loose     = []pkt{{Original, packet.TCPAck, 0}}
+		looseBoth = []pkt{{Original, packet.TCPAck, 0}, {Reply, packet.TCPAck, 1}}
+		closing   = []pkt{{Original, packet.TCPAck, 0}, {Original, packet.TCPFin | packet.TCPAck, 1}} // FIN_WAIT, never assured
+		udpQuery  = []pkt{}
+		udpQuick  = []pkt{{Reply, 0, 100}}                      // replied within 2 s: not assured
+		udpStream = []pkt{{Reply, 0, 100}, {Original, 0, 2500}} // assured
+	)
+	tcp, udp := packet.ProtoTCP, packet.ProtoUDP
+	type flow struct {
+		proto   packet.Proto
+		pkts    []pkt
+		assured bool
 	}
-	// Flows 0 and 2 are replied; 1 is the oldest unreplied.
-	tb.Update(hs[0], Reply, 0, 4*sec)
-	tb.Update(hs[2], Reply, 0, 4*sec)
-	o, tr := flow(4)
-	mustInsert(t, tb, o, tr, DNAT, 1, 5*sec)
-	if o1, _ := flow(1); true {
-		if _, _, ok := tb.Lookup(o1, 5*sec); ok {
-			t.Error("flow 1, the oldest unreplied, survived the early drop")
-		}
+	cases := []struct {
+		name    string
+		flows   []flow
+		now     int64 // s, when the fifth flow is inserted
+		victim  int   // -1: the insert fails with Full
+		kind    string
+		counter func(Stats) uint64
+	}{
+		{"oldest unreplied", []flow{{tcp, handshake, true}, {udp, udpQuery, false}, {tcp, synOnly, false}, {udp, udpQuery, false}}, 10, 1, "unreplied",
+			func(s Stats) uint64 { return s.EvictedUnreplied }},
+		{"replied but not assured UDP goes first when oldest", []flow{{udp, udpQuick, false}, {udp, udpStream, true}, {udp, udpQuery, false}, {tcp, handshake, true}}, 10, 0, "unassured",
+			func(s Stats) uint64 { return s.EvictedUnassured - s.EvictedUnreplied }},
+		{"SYN_RECV is unassured", []flow{{tcp, handshake, true}, {tcp, synRecv, false}, {udp, udpStream, true}, {tcp, looseBoth, true}}, 10, 1, "unassured",
+			func(s Stats) uint64 { return s.EvictedUnassured }},
+		{"closing without handshake is unassured", []flow{{tcp, handshake, true}, {udp, udpStream, true}, {tcp, closing, false}, {tcp, loose, false}}, 10, 2, "unassured",
+			func(s Stats) uint64 { return s.EvictedUnassured }},
+		{"all assured: full", []flow{{tcp, handshake, true}, {udp, udpStream, true}, {tcp, looseBoth, true}, {tcp, handshake, true}}, 10, -1, "",
+			func(s Stats) uint64 { return s.FullDrops }},
+		{"expired before unassured", []flow{{udp, udpQuery, false}, {tcp, handshake, true}, {tcp, synOnly, false}, {tcp, handshake, true}}, 32, 0, "expired",
+			func(s Stats) uint64 { return s.EvictedExpired }},
 	}
-	for _, i := range []int{0, 2, 3, 4} {
-		if oi, _ := flow(i); true {
-			if _, _, ok := tb.Lookup(oi, 5*sec); !ok {
-				t.Errorf("flow %d was dropped", i)
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var removed []packet.Tuple
+			tb := newTable(t, Config{Capacity: 4, OnRemove: func(orig, _ packet.Tuple) { removed = append(removed, orig) }})
+			orig := func(i int, p packet.Proto) packet.Tuple { return tup(client, uint16(100+i), frontend, 80, p) }
+			for i, f := range c.flows {
+				o := orig(i, f.proto)
+				h := mustInsert(t, tb, o, tup(client, uint16(100+i), backend, 8080, f.proto), DNAT, uint32(i), int64(i)*sec)
+				for _, p := range f.pkts {
+					if _, ok := tb.Update(h, p.dir, p.flags, int64(i)*sec+p.at*int64(time.Millisecond)); !ok {
+						t.Fatalf("flow %d: update failed", i)
+					}
+				}
+				if fi := flowInfo(t, tb, o); fi.Assured != f.assured {
+					t.Fatalf("flow %d (%v): assured %v, want %v", i, fi.State, fi.Assured, f.assured)
+				}
 			}
-		}
-	}
-	// Reply on everything: nothing may be evicted.
-	for fi := range tb.All(5 * sec) {
-		tb.Update(fi.Handle, Reply, 0, 5*sec)
-	}
-	o, tr = flow(5)
-	if _, res := tb.Insert(o, tr, DNAT, 1, 6*sec); res != Full {
-		t.Fatalf("insert into a full, all-replied table: %v", res)
-	}
-	// Once flow 3 expires (its last refresh was at 5 s: 120 s), an insert reuses it.
-	// Flow 4 was refreshed at 5 s too; make flow 3 the only expired one by
-	// refreshing the others later.
-	for _, i := range []int{0, 2, 4} {
-		oi, _ := flow(i)
-		f, _ := mustLookup(t, tb, oi, 100*sec)
-		tb.Update(f.Handle, Original, 0, 100*sec)
-	}
-	mustInsert(t, tb, o, tr, DNAT, 1, 125*sec+1)
-	if o3, _ := flow(3); true {
-		if _, _, ok := tb.Lookup(o3, 125*sec); ok {
-			t.Error("expired flow 3 not the one evicted")
-		}
-	}
-	st := tb.Stats()
-	if st.EvictedUnreplied != 1 || st.EvictedExpired != 1 || st.FullDrops != 1 || st.Inserts != 6 || st.Live != 4 {
-		t.Errorf("stats %+v", st)
+			st := tb.Stats()
+			nAssured := 0
+			for _, f := range c.flows {
+				if f.assured {
+					nAssured++
+				}
+			}
+			if st.Assured != uint64(nAssured) || st.Unassured != uint64(len(c.flows)-nAssured) {
+				t.Errorf("stats: %d assured, %d unassured, want %d", st.Assured, st.Unassured, nAssured)
+			}
+			newFlow := tup(client2, 1, frontend, 80, packet.ProtoUDP)
+			_, res := tb.Insert(newFlow, tup(client2, 1, backend, 8080, packet.ProtoUDP), DNAT, 9, c.now*sec)
+			if c.victim < 0 {
+				if res != Full || len(removed) != 0 {
+					t.Fatalf("insert: %v, removed %v; want Full", res, removed)
+				}
+			} else {
+				if res != Inserted {
+					t.Fatalf("insert: %v", res)
+				}
+				if want := orig(c.victim, c.flows[c.victim].proto); len(removed) != 1 || removed[0] != want {
+					t.Fatalf("removed %v, want flow %d %v", removed, c.victim, want)
+				}
+				if _, _, ok := tb.Lookup(removed[0], c.now*sec); ok {
+					t.Error("victim still found")
+				}
+			}
+			for i, f := range c.flows {
+				if _, _, ok := tb.Lookup(orig(i, f.proto), c.now*sec); !ok && i != c.victim {
+					t.Errorf("flow %d lost", i)
+				}
+			}
+			if got := c.counter(tb.Stats()); got != 1 {
+				t.Errorf("%s counter %d, want 1: %+v", c.kind, got, tb.Stats())
+			}
+		})
 	}
 }
 
@@ -523,6 +670,7 @@ func TestAllAndCountByState(t *testing.T) {
 	tb.Update(h, Original, packet.TCPAck, 2*sec)
 	mustInsert(t, tb, tup(client, 2, frontend, 53, packet.ProtoUDP), tup(client, 2, backend, 53, packet.ProtoUDP), DNAT, 8, 2*sec)
 	mustInsert(t, tb, tup(client, 3, frontend, 53, packet.ProtoUDP), tup(client, 3, backend, 53, packet.ProtoUDP), DNAT, 8, 2*sec)
+	tb.Update(h, Reply, packet.TCPAck, 2*sec) // answered: assured
 	c := tb.CountByState(3 * sec)
 	if c[TCPEstablished] != 1 || c[UDPUnreplied] != 2 || c[TCPNone] != 0 {
 		t.Errorf("counts %v", c)
@@ -530,12 +678,18 @@ func TestAllAndCountByState(t *testing.T) {
 	if c := tb.CountByState(40 * sec); c[UDPUnreplied] != 0 || c[TCPEstablished] != 1 {
 		t.Errorf("counts after UDP expiry %v", c)
 	}
+	st := tb.Stats()
+	if st.ByState[TCPEstablished] != 1 || st.ByState[UDPUnreplied] != 2 || st.Assured != 1 || st.Unassured != 2 ||
+		st.FillRatio != 3.0/64 || st.Capacity != 64 {
+		t.Errorf("stats %+v", st)
+	}
 	n := 0
 	for fi := range tb.All(3 * sec) {
 		n++
 		if fi.ServiceID == 7 {
 			want := FlowInfo{Handle: h, Orig: o, Translated: tup(snatAddr, 40000, backend, 8080, packet.ProtoTCP),
-				Flags: DNAT | SNAT, ServiceID: 7, State: TCPEstablished, Created: 2 * time.Second, Expires: 2*time.Second + 432000*time.Second}
+				Flags: DNAT | SNAT, ServiceID: 7, State: TCPEstablished, SeenReply: true, Assured: true,
+				Created: 2 * time.Second, Expires: 2*time.Second + 432000*time.Second}
 			if fi != want {
 				t.Errorf("got %+v\nwant %+v", fi, want)
 			}
@@ -561,7 +715,7 @@ func TestChurnMatchesModel(t *testing.T) {
 	type model struct {
 		orig, tr packet.Tuple
 		h        Handle
-		replied  bool
+		assured  bool
 	}
 	frontends := []packet.Addr{frontend, packet.MustParseAddr("198.18.100.2"), packet.MustParseAddr("198.18.100.3")}
 	live := map[packet.Tuple]*model{} // by original tuple
@@ -612,8 +766,8 @@ func TestChurnMatchesModel(t *testing.T) {
 				dropped := 0
 				for k, m := range live {
 					if _, _, ok := tb.Lookup(k, now); !ok {
-						if m.replied {
-							t.Fatalf("step %d: replied flow %v evicted", step, k)
+						if m.assured {
+							t.Fatalf("step %d: assured flow %v evicted", step, k)
 						}
 						delete(live, k)
 						delete(byReply, m.tr.Reverse())
@@ -638,12 +792,13 @@ func TestChurnMatchesModel(t *testing.T) {
 				delete(live, orig)
 				delete(byReply, m.tr.Reverse())
 			}
-		case op == 4: // a reply passes
+		case op == 4: // traffic both ways: assured
 			if m, ok := live[orig]; ok && rng.IntN(4) == 0 {
-				if _, ok := tb.Update(m.h, Reply, packet.TCPAck, now); !ok {
-					t.Fatalf("step %d: update of a live flow failed", step)
+				tb.Update(m.h, Original, packet.TCPAck, now)
+				if s, ok := tb.Update(m.h, Reply, packet.TCPAck, now); !ok || s != TCPEstablished {
+					t.Fatalf("step %d: update of a live flow: %v %v", step, s, ok)
 				}
-				m.replied = true
+				m.assured = true
 			}
 		default: // lookup both ways
 			m, ok := live[orig]
@@ -678,7 +833,7 @@ func TestChurnMatchesModel(t *testing.T) {
 	if int(st.Live) != len(live) {
 		t.Errorf("Live %d, model %d", st.Live, len(live))
 	}
-	if st.Inserts < 10000 || st.ReplyExists == 0 || st.EvictedUnreplied == 0 || st.IndexRebuilds < 2 {
+	if st.Inserts < 10000 || st.ReplyExists == 0 || st.EvictedUnassured == 0 || st.IndexRebuilds < 2 {
 		t.Errorf("the test does not churn enough: %+v", st)
 	}
 }
