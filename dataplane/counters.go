@@ -10,13 +10,19 @@ import (
 // plain local copy and adds it here once per batch, so readers (metrics,
 // the admin CLI) see consistent atomics without a per-packet atomic add.
 type Counters struct {
-	RxFrames   atomic.Uint64
-	Forwarded  atomic.Uint64
-	Replied    atomic.Uint64
-	TxFrames   atomic.Uint64
-	Copied     atomic.Uint64 // frames copied into another interface's UMEM
-	NewFlows   atomic.Uint64
-	Wakeups    atomic.Uint64 // times the worker woke from poll()
+	RxFrames  atomic.Uint64
+	Forwarded atomic.Uint64
+	Replied   atomic.Uint64
+	TxFrames  atomic.Uint64
+	Copied    atomic.Uint64 // frames copied into another interface's UMEM
+	NewFlows  atomic.Uint64
+	Wakeups   atomic.Uint64 // times the worker woke from poll()
+	// ToKernel counts frames handed to the kernel's stack through the
+	// exception link: frames that were not ours after all (counted under
+	// their pass_* reason too) and translated frames for destinations
+	// behind interfaces xdproxy does not serve (ViaKernel).
+	ToKernel   atomic.Uint64
+	ViaKernel  atomic.Uint64
 	Batches    atomic.Uint64
 	ByReason   [packet.NumReasons]atomic.Uint64
 	TxFullDrop atomic.Uint64
@@ -28,6 +34,7 @@ type Counters struct {
 // batchCounters is the per-batch local accumulator.
 type batchCounters struct {
 	rx, forwarded, replied, tx, copied, newFlows uint64
+	toKernel, viaKernel                          uint64
 	byReason                                     [packet.NumReasons]uint64
 }
 
@@ -50,6 +57,12 @@ func (c *Counters) add(b *batchCounters) {
 	if b.newFlows != 0 {
 		c.NewFlows.Add(b.newFlows)
 	}
+	if b.toKernel != 0 {
+		c.ToKernel.Add(b.toKernel)
+	}
+	if b.viaKernel != 0 {
+		c.ViaKernel.Add(b.viaKernel)
+	}
 	for i, v := range b.byReason {
 		if v != 0 {
 			c.ByReason[i].Add(v)
@@ -62,7 +75,7 @@ func (c *Counters) add(b *batchCounters) {
 // Snapshot is a plain copy of Counters.
 type Snapshot struct {
 	RxFrames, Forwarded, Replied, TxFrames, Copied, NewFlows, Wakeups, Batches uint64
-	FlowPublishErrors                                                          uint64
+	ToKernel, ViaKernel, FlowPublishErrors                                     uint64
 	ByReason                                                                   map[string]uint64
 }
 
@@ -72,6 +85,7 @@ func (c *Counters) Snapshot() Snapshot {
 		RxFrames: c.RxFrames.Load(), Forwarded: c.Forwarded.Load(), Replied: c.Replied.Load(),
 		TxFrames: c.TxFrames.Load(), Copied: c.Copied.Load(), NewFlows: c.NewFlows.Load(),
 		Wakeups: c.Wakeups.Load(), Batches: c.Batches.Load(), FlowPublishErrors: c.FlowPublishErrors.Load(),
+		ToKernel: c.ToKernel.Load(), ViaKernel: c.ViaKernel.Load(),
 		ByReason: map[string]uint64{},
 	}
 	for i := range c.ByReason {
@@ -93,6 +107,8 @@ func (s *Snapshot) Add(o Snapshot) {
 	s.Wakeups += o.Wakeups
 	s.Batches += o.Batches
 	s.FlowPublishErrors += o.FlowPublishErrors
+	s.ToKernel += o.ToKernel
+	s.ViaKernel += o.ViaKernel
 	if s.ByReason == nil {
 		s.ByReason = map[string]uint64{}
 	}

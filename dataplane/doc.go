@@ -1,7 +1,29 @@
 // Package dataplane is xdproxy's packet path in user space: the Processor
 // that translates one frame, the Worker loop that feeds it from an AF_XDP
 // socket, and the Engine that attaches the XDP programs, opens the sockets
-// and runs one pinned worker per configured queue.
+// and runs one pinned worker per queue of every served interface.
+//
+// The engine reaches the kernel only through the Kernel interface
+// (kernel.go): NewKernel is the real one, and the tests drive the same
+// engine and workers on an in-memory fake with injectable faults.
+//
+// Ownership and the exception path. The XDP program hands a worker only
+// frames xdproxy owns, but ownership can end between the program's lookup
+// and the worker's (a table swap, an expired flow, a fragment whose head
+// was never seen). Such a frame is not dropped: the worker hands it,
+// unchanged but for its destination MAC, to the kernel's stack through the
+// exception link, a veth pair xdproxy creates (EngineConfig.
+// ExceptionInterface), and counts it under its pass_* reason. The same
+// path delivers translated frames whose destination sits behind an
+// interface xdproxy does not serve (a local pod's veth): the kernel is the
+// last hop.
+//
+// Interfaces are followed, not fixed: every receive queue is served unless
+// the config lists queues, a queue added by ethtool -L gets a socket and a
+// worker, an interface deleted and created again is attached again, and
+// Healthy says when a configured interface is not fully served. Linux
+// refuses to remove a queue that has an AF_XDP socket; SetChannels lets go
+// of such queues before it asks.
 //
 // Threading rules:
 //   - A Processor belongs to one Worker. It reads the service table the
@@ -12,10 +34,12 @@
 //     fill, TX and completion rings are shared with every worker that
 //     forwards into that interface, under the port's mutex, taken once per
 //     batch and egress port.
+//   - The set of ports is an immutable snapshot the engine publishes with
+//     one atomic store when interfaces change; a worker loads it once per
+//     batch. A port being closed is marked under its mutex first, so a
+//     worker still holding the old snapshot drops instead of transmitting.
 //   - Process never allocates, locks or makes a system call; the worker
-//     makes one transmit kick per batch and egress port, and sleeps in
-//     poll() when its ring is empty (unless busy polling is configured).
-//
-// The Engine must be started from a thread in the network namespace of
-// the interfaces it attaches to.
+//     makes one transmit kick per batch and egress port, one flow-table
+//     write per batch that opened connections, and sleeps in poll() when
+//     its ring is empty (unless busy polling is configured).
 package dataplane

@@ -4,12 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
-	"github.com/vishvananda/netlink"
-
-	"github.com/xdproxy/xdproxy/dataplane/route"
 	"github.com/xdproxy/xdproxy/dataplane/service"
 	"github.com/xdproxy/xdproxy/nat/conntrack"
 	"github.com/xdproxy/xdproxy/nat/packet"
@@ -17,67 +17,116 @@ import (
 	"github.com/xdproxy/xdproxy/xdp/afxdp"
 )
 
-// InterfaceConfig is one interface the engine attaches to.
+// InterfaceConfig is one interface the engine serves.
 type InterfaceConfig struct {
-	Name   string
+	Name string
+	// Queues lists the receive queues to serve, one worker each. Nil
+	// serves every queue the interface has, and follows changes of its
+	// channel count.
 	Queues []int
-	CPUs   []int // CPUs[i] pins the worker of Queues[i]
+	// CPUs pins the workers: the worker of the i-th served queue runs on
+	// CPUs[i%len(CPUs)]. Empty leaves them unpinned.
+	CPUs   []int
 	Mode   xdp.Mode
 	Socket afxdp.Config
 }
 
 // EngineConfig configures the whole dataplane of a node.
 type EngineConfig struct {
+	// Kernel is how the engine reaches the kernel (NewKernel for the real
+	// one). The engine owns it from Start on and closes it.
+	Kernel     Kernel
 	Interfaces []InterfaceConfig
-	BatchSize  int
-	BusyPoll   bool
-	Conntrack  conntrack.Config
+	// ExceptionInterface names the veth pair through which frames that
+	// reached a worker but are the kernel's after all are handed to the
+	// kernel's stack. Empty means none: such frames are dropped and
+	// counted (drop_no_kernel_path).
+	ExceptionInterface string
+	BatchSize          int
+	BusyPoll           bool
+	Conntrack          conntrack.Config
 	// AffinityCapacity sizes the session-affinity table.
 	AffinityCapacity int
 	SNATPorts        conntrack.PortRange
 	// SNATAddress4 overrides the masquerade source of IPv4 flows; zero
 	// means the address of the interface the flow leaves through.
 	SNATAddress4 packet.Addr
-	// XDPTables sizes the XDP maps; MaxFlows is set from Conntrack.
-	XDPTables xdp.Options
-	Log       *slog.Logger
+	// LinkCheckInterval is how often interfaces are looked at again
+	// without a netlink event (a NIC's channel count changes without
+	// one); 0 means 2 seconds.
+	LinkCheckInterval time.Duration
+	Log               *slog.Logger
 }
 
 // Engine is the running dataplane: the XDP programs, one AF_XDP socket and
-// one worker per configured queue, the route cache and the shared tables.
-// The calling thread must be in the network namespace of the interfaces.
+// one worker per served queue, the exception link and the shared tables.
+// It follows its interfaces: a queue added by ethtool -L gets a socket and
+// a worker, an interface deleted and created again is attached again.
 type Engine struct {
 	cfg      EngineConfig
 	log      *slog.Logger
-	objs     *xdp.Objects
-	atts     []*xdp.Attachment
-	ports    []*Port
-	workers  []*Worker
-	routes   *route.Cache
+	k        Kernel
+	tables   Tables
 	ct       *conntrack.Table
 	aff      *service.Affinity
 	services service.Current
-	ifAddrs  map[int][]packet.Addr // IPv4 addresses of managed interfaces
-	nodeAddr []packet.Addr
 
-	publishMu     sync.Mutex
-	wg            sync.WaitGroup
-	errs          chan error
-	stopReconcile chan struct{}
-	programmed    bool // the XDP maps hold the current table's keys
+	egress     atomic.Pointer[egress]
+	addrs      atomic.Pointer[nodeAddrs]
+	kernelPort *Port
+
+	nicMu   sync.Mutex // serialises reconciling, SetChannels and Close
+	nics    []*nic
+	seq     uint64 // workers made, seeds their random sources
+	closing bool
+
+	publishMu  sync.Mutex
+	programmed bool // the XDP maps hold the current table's keys
+
+	wg        sync.WaitGroup
+	errs      chan error
+	stop      chan struct{}
+	kick      chan struct{}
+	stopWatch func()
 }
 
-// Start attaches to every interface and starts the workers. On error
-// everything already set up is torn down again.
-func Start(cfg EngineConfig) (e *Engine, err error) {
+// nic is one configured interface and what the engine made on it.
+type nic struct {
+	cfg     InterfaceConfig
+	link    Link       // as attached; Index 0 while not attached
+	att     Attachment // nil while not attached
+	ports   []*Port    // in queue order
+	workers []*Worker  // workers[i] receives on ports[i]
+	problem string     // why it is not fully served; "" when it is
+}
+
+// nodeAddrs are the addresses of the served interfaces, for masquerading
+// and for telling VIPs from node addresses.
+type nodeAddrs struct {
+	byIfindex map[int][]packet.Addr // IPv4 only
+	v4        []packet.Addr
+	all       map[packet.Addr]bool
+}
+
+// Start attaches to every interface and starts the workers. A configured
+// interface that does not exist, or an explicit queue list that leaves
+// one of its queues unserved, is an error. On error everything already
+// set up is torn down again.
+func Start(cfg EngineConfig) (_ *Engine, err error) {
+	if cfg.Kernel == nil {
+		return nil, errors.New("dataplane: no Kernel")
+	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	e = &Engine{cfg: cfg, log: cfg.Log, ifAddrs: map[int][]packet.Addr{}, errs: make(chan error, 64)}
+	if cfg.LinkCheckInterval <= 0 {
+		cfg.LinkCheckInterval = 2 * time.Second
+	}
+	e := &Engine{cfg: cfg, log: cfg.Log, k: cfg.Kernel, tables: cfg.Kernel.Tables(),
+		errs: make(chan error, 64), stop: make(chan struct{}), kick: make(chan struct{}, 1)}
 	defer func() {
 		if err != nil {
 			e.Close()
-			e = nil
 		}
 	}()
 	if e.ct, err = conntrack.New(cfg.Conntrack); err != nil {
@@ -89,123 +138,365 @@ func Start(cfg EngineConfig) (e *Engine, err error) {
 	}
 	e.aff = service.NewAffinity(capAff)
 	e.services.Store(service.Compile(&service.Model{}, service.CompileOptions{}))
+	e.addrs.Store(&nodeAddrs{byIfindex: map[int][]packet.Addr{}, all: map[packet.Addr]bool{}})
 
-	var names []string
+	frameSize := 0
 	for _, ic := range cfg.Interfaces {
-		names = append(names, ic.Name)
+		if frameSize != 0 && ic.Socket.FrameSize != frameSize {
+			return nil, fmt.Errorf("interface %s: frame size %d differs from %d; every interface must use the same",
+				ic.Name, ic.Socket.FrameSize, frameSize)
+		}
+		frameSize = ic.Socket.FrameSize
+		e.nics = append(e.nics, &nic{cfg: ic})
 	}
-	if e.routes, err = route.New(route.Options{Interfaces: names, ErrorLog: func(err error) { e.log.Warn("route cache", "err", err) }}); err != nil {
-		return nil, fmt.Errorf("route cache: %w", err)
-	}
-	// The flow map holds one reply tuple per DNAT-only connection; size it
-	// like the connection table so that the kernel's LRU never evicts a
-	// live flow's entry.
-	xo := cfg.XDPTables
-	xo.MaxFlows = e.ct.Capacity()
-	if e.objs, err = xdp.Load(xo); err != nil {
-		return nil, fmt.Errorf("loading the XDP program: %w", err)
-	}
-	for _, ic := range cfg.Interfaces {
-		if err := e.attach(ic); err != nil {
+	if cfg.ExceptionInterface != "" && len(cfg.Interfaces) > 0 {
+		if err := e.openKernelPort(cfg.ExceptionInterface, cfg.Interfaces[0].Socket); err != nil {
 			return nil, err
 		}
 	}
-	if cfg.SNATAddress4.IsZero() && len(e.nodeAddr) == 0 {
-		return nil, errors.New("no IPv4 address on any interface to masquerade to; set masquerade.address")
-	}
-	resolver := routeResolver{e.routes}
-	k := 0
-	for _, ic := range cfg.Interfaces {
-		for qi := range ic.Queues {
-			port := e.ports[k]
-			k++
-			proc := NewProcessor(ProcessorConfig{
-				Services: &e.services, Conntrack: e.ct, Affinity: e.aff,
-				SNATPorts: cfg.SNATPorts, SNATSource: e.snatSource, Seed: uint64(k) * 0x9e3779b97f4a7c15,
-			})
-			cpu := -1
-			if qi < len(ic.CPUs) {
-				cpu = ic.CPUs[qi]
-			}
-			flows := flowWriter{e.objs.NewFlowWriter(maxBatch)}
-			w := NewWorker(WorkerConfig{CPU: cpu, BatchSize: cfg.BatchSize, BusyPoll: cfg.BusyPoll}, port, e.ports, proc, resolver, flows)
-			e.workers = append(e.workers, w)
+	e.nicMu.Lock()
+	e.reconcileLocked()
+	var problems []string
+	for _, n := range e.nics {
+		if n.problem != "" {
+			problems = append(problems, n.cfg.Name+": "+n.problem)
 		}
 	}
-	e.stopReconcile = make(chan struct{})
-	e.wg.Add(1)
+	e.nicMu.Unlock()
+	if len(problems) > 0 {
+		return nil, errors.New(strings.Join(problems, "; "))
+	}
+	if cfg.SNATAddress4.IsZero() && len(e.addrs.Load().v4) == 0 {
+		return nil, errors.New("no IPv4 address on any interface to masquerade to; set masquerade.address")
+	}
+	if e.stopWatch, err = e.k.WatchLinks(e.kickReconcile); err != nil {
+		return nil, err
+	}
+	e.wg.Add(2)
+	go func() {
+		defer e.wg.Done()
+		e.followLinks()
+	}()
 	go func() {
 		defer e.wg.Done()
 		e.reconcileFlows()
 	}()
-	for _, w := range e.workers {
-		e.wg.Add(1)
-		go func(w *Worker) {
-			defer e.wg.Done()
-			if err := w.Run(); err != nil {
-				e.log.Error("worker stopped", "interface", w.port.Name, "queue", w.port.Queue, "err", err)
-				e.errs <- err
-			}
-		}(w)
-	}
 	return e, nil
 }
 
-func (e *Engine) attach(ic InterfaceConfig) error {
-	l, err := netlink.LinkByName(ic.Name)
+// openKernelPort sets up the exception link and a socket on xdproxy's
+// end of it.
+func (e *Engine) openKernelPort(name string, sc afxdp.Config) error {
+	ke, xe, err := e.k.ExceptionLink(name)
 	if err != nil {
-		return fmt.Errorf("interface %q: %w", ic.Name, err)
+		return err
 	}
-	ifindex := l.Attrs().Index
-	addrs, err := netlink.AddrList(l, netlink.FAMILY_V4)
+	sock, err := e.k.OpenSocket(xe.Index, 0, sc)
 	if err != nil {
-		return fmt.Errorf("interface %q addresses: %w", ic.Name, err)
+		return fmt.Errorf("AF_XDP socket on the exception link %s: %w", xe.Name, err)
 	}
-	for _, a := range addrs {
-		if ip4 := a.IP.To4(); ip4 != nil && !a.IP.IsLinkLocalUnicast() {
-			pa := packet.AddrFromSlice4(ip4)
-			e.ifAddrs[ifindex] = append(e.ifAddrs[ifindex], pa)
-			e.nodeAddr = append(e.nodeAddr, pa)
-		}
-	}
-	att, err := e.objs.Attach(ifindex, ic.Mode)
-	if err != nil {
-		return fmt.Errorf("attaching XDP to %q: %w", ic.Name, err)
-	}
-	e.atts = append(e.atts, att)
-	for _, q := range ic.Queues {
-		sock, err := afxdp.Open(ifindex, q, ic.Socket)
-		if err != nil {
-			return fmt.Errorf("AF_XDP socket on %q queue %d: %w", ic.Name, q, err)
-		}
-		e.ports = append(e.ports, NewPort(ifindex, ic.Name, q, sock))
-		if err := att.RegisterSocket(q, sock.FD()); err != nil {
-			return fmt.Errorf("registering the socket of %q queue %d: %w", ic.Name, q, err)
-		}
-	}
-	e.log.Info("attached", "interface", ic.Name, "xdpMode", att.Mode().String(), "queues", ic.Queues)
+	e.kernelPort = NewPort(xe, 0, sock, sc.FrameSize)
+	eg := &egress{kernel: e.kernelPort, kernelMAC: ke.MAC}
+	e.egress.Store(eg)
+	e.log.Info("exception link ready", "kernelEnd", ke.Name, "xdproxyEnd", xe.Name)
 	return nil
+}
+
+func (e *Engine) kickReconcile() {
+	select {
+	case e.kick <- struct{}{}:
+	default:
+	}
+}
+
+// followLinks reconciles the interfaces on every link event and every
+// LinkCheckInterval.
+func (e *Engine) followLinks() {
+	t := time.NewTicker(e.cfg.LinkCheckInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-e.stop:
+			return
+		case <-e.kick:
+		case <-t.C:
+		}
+		e.nicMu.Lock()
+		if !e.closing {
+			e.reconcileLocked()
+		}
+		e.nicMu.Unlock()
+	}
+}
+
+// reconcileLocked brings every interface to what its config asks for and
+// the kernel now has. Called with nicMu held.
+func (e *Engine) reconcileLocked() {
+	var started []*Worker
+	var closed []*Port
+	changed := false
+	for _, n := range e.nics {
+		s, c, ch := e.reconcileNIC(n)
+		started = append(started, s...)
+		closed = append(closed, c...)
+		changed = changed || ch
+	}
+	if !changed {
+		return
+	}
+	e.publishLinks()
+	for _, p := range closed {
+		if err := p.close(); err != nil {
+			e.log.Warn("closing socket", "interface", p.Name, "queue", p.Queue, "err", err)
+		}
+	}
+	for _, w := range started {
+		e.runWorker(w)
+	}
+	// Register the sockets only now that their workers keep their fill
+	// rings full.
+	for _, n := range e.nics {
+		for _, p := range n.ports {
+			if !slices.ContainsFunc(started, func(w *Worker) bool { return w.port == p }) {
+				continue
+			}
+			if err := n.att.RegisterSocket(p.Queue, p.Sock.FD()); err != nil {
+				n.problem = fmt.Sprintf("registering the socket of queue %d: %v", p.Queue, err)
+				e.log.Error("interface not served", "interface", n.cfg.Name, "problem", n.problem)
+			}
+		}
+	}
+}
+
+// reconcileNIC attaches to, re-attaches to or detaches from one
+// interface and opens or closes sockets for its queues. It returns the
+// new workers (not started yet), the ports to close once the egress
+// snapshot no longer has them, and whether anything changed.
+func (e *Engine) reconcileNIC(n *nic) (started []*Worker, closed []*Port, changed bool) {
+	l, err := e.k.Link(n.cfg.Name)
+	if err != nil {
+		if n.att != nil {
+			e.log.Warn("interface gone; detaching", "interface", n.cfg.Name, "err", err)
+			closed = e.detach(n)
+			changed = true
+		}
+		n.problem = err.Error()
+		return nil, closed, changed
+	}
+	if n.att != nil && l.Index != n.link.Index {
+		e.log.Info("interface created again; attaching to the new one", "interface", n.cfg.Name,
+			"oldIndex", n.link.Index, "newIndex", l.Index)
+		closed = e.detach(n)
+		changed = true
+	}
+	want, problem := wantedQueues(n.cfg.Queues, l.Queues)
+	if n.att == nil {
+		att, err := e.k.Attach(l.Index, n.cfg.Mode)
+		if err != nil {
+			n.problem = fmt.Sprintf("attaching XDP: %v", err)
+			e.log.Error("interface not served", "interface", n.cfg.Name, "problem", n.problem)
+			return nil, closed, changed
+		}
+		n.att = att
+		e.log.Info("attached", "interface", n.cfg.Name, "ifindex", l.Index, "xdpMode", att.Mode().String())
+		changed = true
+	}
+	if !slices.Equal(n.link.Addrs, l.Addrs) || n.link.Index != l.Index {
+		changed = true
+	}
+	n.link = l
+	// Queues no longer there (the channel count went down).
+	keep := n.ports[:0]
+	keepW := n.workers[:0]
+	for i, p := range n.ports {
+		if slices.Contains(want, p.Queue) {
+			keep = append(keep, p)
+			keepW = append(keepW, n.workers[i])
+			continue
+		}
+		e.stopPort(n, n.workers[i], p)
+		closed = append(closed, p)
+		changed = true
+	}
+	n.ports, n.workers = keep, keepW
+	for _, q := range want {
+		if slices.ContainsFunc(n.ports, func(p *Port) bool { return p.Queue == q }) {
+			continue
+		}
+		sock, err := e.k.OpenSocket(l.Index, q, n.cfg.Socket)
+		if err != nil {
+			problem = joinProblem(problem, fmt.Sprintf("queue %d: %v", q, err))
+			continue
+		}
+		p := NewPort(l, q, sock, n.cfg.Socket.FrameSize)
+		w := e.newWorker(n, p, len(n.ports))
+		n.ports = append(n.ports, p)
+		n.workers = append(n.workers, w)
+		started = append(started, w)
+		changed = true
+	}
+	slices.SortFunc(n.ports, func(a, b *Port) int { return a.Queue - b.Queue })
+	slices.SortFunc(n.workers, func(a, b *Worker) int { return a.port.Queue - b.port.Queue })
+	if problem != n.problem {
+		if problem != "" {
+			e.log.Error("interface not fully served", "interface", n.cfg.Name, "problem", problem)
+		} else if n.problem != "" {
+			e.log.Info("interface served again", "interface", n.cfg.Name, "queues", l.Queues)
+		}
+	}
+	n.problem = problem
+	if changed {
+		e.log.Info("serving", "interface", n.cfg.Name, "ifindex", l.Index, "queues", len(n.ports), "of", l.Queues)
+	}
+	return started, closed, changed
+}
+
+// wantedQueues is the queues to serve on an interface with n queues, and
+// what is wrong if that leaves some unserved.
+func wantedQueues(configured []int, n int) ([]int, string) {
+	if configured == nil {
+		q := make([]int, n)
+		for i := range q {
+			q[i] = i
+		}
+		return q, ""
+	}
+	var want, missing []int
+	var problem string
+	for _, q := range configured {
+		if q < n {
+			want = append(want, q)
+		} else {
+			problem = joinProblem(problem, fmt.Sprintf("queue %d does not exist (the interface has %d)", q, n))
+		}
+	}
+	for q := range n {
+		if !slices.Contains(configured, q) {
+			missing = append(missing, q)
+		}
+	}
+	if len(missing) > 0 {
+		problem = joinProblem(problem, fmt.Sprintf("queues %v of %d are not served: frames hashed to them would "+
+			"never meet xdproxy; list every queue or leave queues out to serve them all", missing, n))
+	}
+	return want, problem
+}
+
+func joinProblem(a, b string) string {
+	if a == "" {
+		return b
+	}
+	return a + "; " + b
+}
+
+// stopPort stops the worker of p and takes its socket out of the XDP
+// program. The caller closes p once the egress snapshot lost it.
+func (e *Engine) stopPort(n *nic, w *Worker, p *Port) {
+	w.Stop()
+	if n.att != nil {
+		if err := n.att.UnregisterSocket(p.Queue); err != nil {
+			e.log.Warn("unregistering socket", "interface", p.Name, "queue", p.Queue, "err", err)
+		}
+	}
+}
+
+// detach stops everything on n and detaches its program; it returns the
+// ports to close.
+func (e *Engine) detach(n *nic) []*Port {
+	for i, p := range n.ports {
+		e.stopPort(n, n.workers[i], p)
+	}
+	closed := n.ports
+	if n.att != nil {
+		if err := n.att.Close(); err != nil {
+			e.log.Warn("detaching", "interface", n.cfg.Name, "err", err)
+		}
+	}
+	n.att, n.ports, n.workers, n.link = nil, nil, nil, Link{}
+	return closed
+}
+
+// newWorker makes the worker for port p, the i-th served queue of n.
+func (e *Engine) newWorker(n *nic, p *Port, i int) *Worker {
+	e.seq++
+	proc := NewProcessor(ProcessorConfig{
+		Services: &e.services, Conntrack: e.ct, Affinity: e.aff,
+		SNATPorts: e.cfg.SNATPorts, SNATSource: e.snatSource, Seed: e.seq * 0x9e3779b97f4a7c15,
+	})
+	cpu := -1
+	if len(n.cfg.CPUs) > 0 {
+		cpu = n.cfg.CPUs[i%len(n.cfg.CPUs)]
+	}
+	return NewWorker(WorkerConfig{CPU: cpu, BatchSize: e.cfg.BatchSize, BusyPoll: e.cfg.BusyPoll},
+		p, &e.egress, proc, e.ct, e.k.Resolver(), e.tables.NewFlowWriter(maxBatch))
+}
+
+func (e *Engine) runWorker(w *Worker) {
+	go func() {
+		if err := w.Run(); err != nil {
+			e.log.Error("worker stopped", "interface", w.port.Name, "queue", w.port.Queue, "err", err)
+			select {
+			case e.errs <- err:
+			default:
+			}
+		}
+	}()
+}
+
+// publishLinks publishes the egress snapshot and the node addresses of
+// the interfaces as they are now.
+func (e *Engine) publishLinks() {
+	eg := &egress{}
+	if old := e.egress.Load(); old != nil {
+		eg.kernel, eg.kernelMAC = old.kernel, old.kernelMAC
+	}
+	na := &nodeAddrs{byIfindex: map[int][]packet.Addr{}, all: map[packet.Addr]bool{}}
+	for _, n := range e.nics {
+		if len(n.ports) > 0 {
+			eg.ifaces = append(eg.ifaces, egressIface{ifindex: n.link.Index, ports: slices.Clone(n.ports)})
+		}
+		for _, a := range n.link.Addrs {
+			na.all[a] = true
+			if a.Is4() {
+				na.byIfindex[n.link.Index] = append(na.byIfindex[n.link.Index], a)
+				na.v4 = append(na.v4, a)
+			}
+		}
+	}
+	e.egress.Store(eg)
+	e.addrs.Store(na)
 }
 
 // snatSource is the masquerade address for a flow to backend: the
 // configured one, else the address of the interface the flow leaves by.
 func (e *Engine) snatSource(backend packet.Addr) (packet.Addr, bool) {
-	if backend.Is4() && !e.cfg.SNATAddress4.IsZero() {
+	if !backend.Is4() {
+		return packet.Addr{}, false
+	}
+	if !e.cfg.SNATAddress4.IsZero() {
 		return e.cfg.SNATAddress4, true
 	}
-	if h, st := e.routes.Lookup(backend); st == route.Found || st == route.NeedsResolution {
-		if as := e.ifAddrs[int(h.IfIndex)]; len(as) > 0 && backend.Is4() {
+	na := e.addrs.Load()
+	if h, r := e.k.Resolver().Resolve(backend); (r == packet.OK || r == packet.DropNeighbor) && !h.ViaKernel {
+		if as := na.byIfindex[h.Ifindex]; len(as) > 0 {
 			return as[0], true
 		}
 	}
-	if backend.Is4() && len(e.nodeAddr) > 0 {
-		return e.nodeAddr[0], true
+	if len(na.v4) > 0 {
+		return na.v4[0], true
 	}
 	return packet.Addr{}, false
 }
 
-// NodeAddresses are the IPv4 addresses of the managed interfaces.
-func (e *Engine) NodeAddresses() []packet.Addr { return e.nodeAddr }
+// NodeAddresses are the addresses of the served interfaces.
+func (e *Engine) NodeAddresses() []packet.Addr {
+	var out []packet.Addr
+	for a := range e.addrs.Load().all {
+		out = append(out, a)
+	}
+	slices.SortFunc(out, func(a, b packet.Addr) int { return strings.Compare(a.String(), b.String()) })
+	return out
+}
 
 // Services is the table holder the workers read.
 func (e *Engine) Services() *service.Current { return &e.services }
@@ -213,17 +504,110 @@ func (e *Engine) Services() *service.Current { return &e.services }
 // Conntrack is the connection table.
 func (e *Engine) Conntrack() *conntrack.Table { return e.ct }
 
-// Workers lists the workers.
-func (e *Engine) Workers() []*Worker { return e.workers }
+// Workers lists the running workers.
+func (e *Engine) Workers() []*Worker {
+	e.nicMu.Lock()
+	defer e.nicMu.Unlock()
+	var out []*Worker
+	for _, n := range e.nics {
+		out = append(out, n.workers...)
+	}
+	return out
+}
 
 // Errors delivers fatal worker errors.
 func (e *Engine) Errors() <-chan error { return e.errs }
 
 // XDPCounters sums the XDP programs' counters.
-func (e *Engine) XDPCounters() (xdp.Counters, error) { return e.objs.Counters() }
+func (e *Engine) XDPCounters() (xdp.Counters, error) { return e.tables.Counters() }
 
-// Routes is the route cache.
-func (e *Engine) Routes() *route.Cache { return e.routes }
+// InterfaceStatus says how one configured interface is served.
+type InterfaceStatus struct {
+	Name    string `json:"name"`
+	Ifindex int    `json:"ifindex"`
+	// Queues is the number of receive queues the interface has now.
+	Queues int `json:"queues"`
+	// Served lists the queues that have a socket and a worker.
+	Served []int  `json:"served"`
+	Mode   string `json:"xdpMode,omitempty"`
+	// Problem says why the interface is not fully served; empty when it
+	// is.
+	Problem string `json:"problem,omitempty"`
+}
+
+// Interfaces reports every configured interface.
+func (e *Engine) Interfaces() []InterfaceStatus {
+	e.nicMu.Lock()
+	defer e.nicMu.Unlock()
+	var out []InterfaceStatus
+	for _, n := range e.nics {
+		s := InterfaceStatus{Name: n.cfg.Name, Ifindex: n.link.Index, Queues: n.link.Queues, Problem: n.problem}
+		if n.att != nil {
+			s.Mode = n.att.Mode().String()
+		} else if s.Problem == "" {
+			s.Problem = "not attached"
+		}
+		for _, p := range n.ports {
+			s.Served = append(s.Served, p.Queue)
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// Healthy returns nil when every configured interface has every queue
+// served, and otherwise says which is not.
+func (e *Engine) Healthy() error {
+	var problems []string
+	for _, s := range e.Interfaces() {
+		if s.Problem != "" {
+			problems = append(problems, s.Name+": "+s.Problem)
+		}
+	}
+	if len(problems) > 0 {
+		return errors.New(strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// SetChannels changes the number of receive queues of a served interface
+// (ethtool -L). The kernel refuses to remove a queue while an AF_XDP socket
+// is bound to it, so the engine first lets go of the queues that are going
+// away, then asks for the change, then serves what the interface has.
+func (e *Engine) SetChannels(name string, queues int) error {
+	if queues < 1 {
+		return fmt.Errorf("%d queues: want at least 1", queues)
+	}
+	e.nicMu.Lock()
+	defer e.nicMu.Unlock()
+	i := slices.IndexFunc(e.nics, func(n *nic) bool { return n.cfg.Name == name })
+	if i < 0 {
+		return fmt.Errorf("%s is not a served interface", name)
+	}
+	n := e.nics[i]
+	if n.cfg.Queues != nil {
+		return fmt.Errorf("%s serves the queues its config lists (%v); leave queues out of the config to follow the channel count", name, n.cfg.Queues)
+	}
+	var closed []*Port
+	keep, keepW := n.ports[:0], n.workers[:0]
+	for j, p := range n.ports {
+		if p.Queue < queues {
+			keep = append(keep, p)
+			keepW = append(keepW, n.workers[j])
+			continue
+		}
+		e.stopPort(n, n.workers[j], p)
+		closed = append(closed, p)
+	}
+	n.ports, n.workers = keep, keepW
+	e.publishLinks()
+	for _, p := range closed {
+		p.close()
+	}
+	err := e.k.SetChannels(name, queues)
+	e.reconcileLocked()
+	return err
+}
 
 // Publish makes t the table workers use and programs the XDP maps for it:
 // the table is swapped first (one atomic store), then the maps gain new keys
@@ -239,8 +623,7 @@ func (e *Engine) Publish(t *service.Table) error {
 	// An incremental compile shares unchanged key lists with the previous
 	// table; then the XDP maps already hold exactly these keys.
 	unchanged := old != nil && e.programmed &&
-		sameSlice(old.FrontendKeys(), t.FrontendKeys()) && sameSlice(old.BackendKeys(), t.BackendKeys()) &&
-		sameSlice(old.VIPs(), t.VIPs())
+		sameSlice(old.FrontendKeys(), t.FrontendKeys()) && sameSlice(old.VIPs(), t.VIPs())
 	if !unchanged {
 		if err := e.programXDP(t); err != nil {
 			e.programmed = false
@@ -252,10 +635,11 @@ func (e *Engine) Publish(t *service.Table) error {
 	// flow does not find its next hop unresolved (a lone UDP datagram
 	// would be lost).
 	seen := map[packet.Addr]bool{}
+	res := e.k.Resolver()
 	for _, k := range t.BackendKeys() {
 		if !seen[k.Addr] {
 			seen[k.Addr] = true
-			e.routes.Lookup(k.Addr)
+			res.Resolve(k.Addr)
 		}
 	}
 	if old != nil {
@@ -271,116 +655,112 @@ func (e *Engine) Publish(t *service.Table) error {
 }
 
 func (e *Engine) programXDP(t *service.Table) error {
-	conv := func(ks []service.Key) []xdp.Key {
-		out := make([]xdp.Key, len(ks))
-		for i, k := range ks {
-			out[i] = xdp.Key{Addr: k.Addr, Port: k.Port, Proto: k.Proto}
-		}
-		return out
+	fes := t.FrontendKeys()
+	keys := make([]xdp.Key, len(fes))
+	for i, k := range fes {
+		keys[i] = xdp.Key{Addr: k.Addr, Port: k.Port, Proto: k.Proto}
 	}
-	addrs := map[packet.Addr]xdp.Flags{}
-	for _, a := range e.nodeAddr {
-		addrs[a] |= xdp.FlagNode
-	}
-	if !e.cfg.SNATAddress4.IsZero() {
-		addrs[e.cfg.SNATAddress4] |= xdp.FlagNode
-	}
+	// A node address is never a VIP: the node's own traffic to it is the
+	// kernel's, fragments included.
+	node := e.addrs.Load().all
+	var vips []packet.Addr
 	for _, a := range t.VIPs() {
-		addrs[a] |= xdp.FlagVIP
+		if !node[a] && a != e.cfg.SNATAddress4 {
+			vips = append(vips, a)
+		}
 	}
-	for _, k := range t.BackendKeys() {
-		addrs[k.Addr] |= xdp.FlagBackend
-	}
-	return e.objs.SetTables(conv(t.FrontendKeys()), conv(t.BackendKeys()), addrs,
-		xdp.PortRange{Lo: e.cfg.SNATPorts.First, Hi: e.cfg.SNATPorts.Last})
+	return e.tables.SetTables(keys, vips)
 }
 
-// Close stops the workers, detaches the programs and closes the sockets.
+// Close stops the workers, detaches the programs and closes the sockets
+// and the Kernel. The exception link stays for the next run.
 func (e *Engine) Close() error {
-	for _, w := range e.workers {
-		w.Stop()
+	e.nicMu.Lock()
+	e.closing = true
+	var closed []*Port
+	for _, n := range e.nics {
+		closed = append(closed, e.detach(n)...)
 	}
-	if e.stopReconcile != nil {
-		close(e.stopReconcile)
+	e.nicMu.Unlock()
+	if e.stopWatch != nil {
+		e.stopWatch()
 	}
+	close(e.stop)
 	e.wg.Wait()
 	var errs []error
-	for _, a := range e.atts {
-		errs = append(errs, a.Close())
+	for _, p := range closed {
+		errs = append(errs, p.close())
 	}
-	for _, p := range e.ports {
-		errs = append(errs, p.Sock.Close())
+	if e.kernelPort != nil {
+		errs = append(errs, e.kernelPort.close())
 	}
-	if e.objs != nil {
-		errs = append(errs, e.objs.Close())
-	}
-	if e.routes != nil {
-		errs = append(errs, e.routes.Close())
-	}
+	errs = append(errs, e.k.Close())
 	return errors.Join(errs...)
 }
-
-// routeResolver adapts the route cache to Resolver.
-type routeResolver struct{ c *route.Cache }
-
-func (r routeResolver) Resolve(dst packet.Addr) (NextHop, packet.Reason) {
-	h, st := r.c.Lookup(dst)
-	switch st {
-	case route.Found:
-		return NextHop{Ifindex: int(h.IfIndex), Src: h.SrcMAC, Dst: h.DstMAC}, packet.OK
-	case route.NeedsResolution:
-		return NextHop{}, packet.DropNeighbor
-	}
-	return NextHop{}, packet.DropNoRoute
-}
-
-// flowWriter adapts xdp.FlowWriter to FlowPublisher.
-type flowWriter struct{ w *xdp.FlowWriter }
-
-func (f flowWriter) Add(t packet.Tuple) bool {
-	return f.w.Add(xdp.FlowKey(t))
-}
-
-func (f flowWriter) Flush() error { return f.w.Flush() }
 
 // reconcileInterval is how often the XDP flow map is compared with the
 // connection table.
 const reconcileInterval = 10 * time.Second
 
-// reconcileFlows deletes reply tuples from the XDP flow map whose flow the
-// connection table no longer has (expired, evicted, deleted), so that a
-// later direct connection with the same tuple reaches the kernel. The map
-// is an LRU, so a missed deletion costs memory, never correctness of live
-// flows.
+// reconcileFlows keeps the XDP flow map equal to the connection table's
+// live flows: it deletes reply tuples whose flow is gone (expired, evicted,
+// deleted), so that a later direct connection with the same tuple reaches
+// the kernel, and puts back the tuple of a live flow that is missing (a
+// write that failed).
 func (e *Engine) reconcileFlows() {
 	t := time.NewTicker(reconcileInterval)
 	defer t.Stop()
 	for {
 		select {
-		case <-e.stopReconcile:
+		case <-e.stop:
 			return
 		case <-t.C:
 		}
-		if _, err := e.reconcileOnce(); err != nil {
+		if _, _, err := e.reconcileOnce(); err != nil {
 			e.log.Warn("reconciling the XDP flow map", "err", err)
 		}
 	}
 }
 
-// reconcileOnce makes one pass and returns how many tuples it removed.
-func (e *Engine) reconcileOnce() (int, error) {
+// reconcileOnce makes one pass and returns how many tuples it removed and
+// how many it put back.
+func (e *Engine) reconcileOnce() (removed, restored int, err error) {
 	now := monotonicNow()
+	inMap := map[xdp.FlowKey]bool{}
 	var stale []xdp.FlowKey
-	err := e.objs.ForEachFlow(func(k xdp.FlowKey) bool {
+	err = e.tables.ForEachFlow(func(k xdp.FlowKey) bool {
+		inMap[k] = true
 		if _, _, ok := e.ct.Lookup(packet.Tuple(k), now); !ok {
 			stale = append(stale, k)
 		}
 		return true
 	})
-	if err == nil && len(stale) > 0 {
-		err = e.objs.DeleteFlows(stale)
+	if err != nil {
+		return 0, 0, err
 	}
-	return len(stale), err
+	if len(stale) > 0 {
+		if err := e.tables.DeleteFlows(stale); err != nil {
+			return 0, 0, err
+		}
+	}
+	w := e.tables.NewFlowWriter(256)
+	for f := range e.ct.All(now) {
+		k := xdp.FlowKey(f.Reply())
+		if inMap[k] {
+			continue
+		}
+		if !w.Add(k) {
+			n, err := w.Flush()
+			restored += n
+			if err != nil {
+				return len(stale), restored, err
+			}
+			w.Add(k)
+		}
+	}
+	n, err := w.Flush()
+	restored += n
+	return len(stale), restored, err
 }
 
 // sameSlice reports whether a and b are the same slice (not merely equal).

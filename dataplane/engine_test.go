@@ -28,19 +28,25 @@ func startEngine(t *testing.T, tb *testbed.Testbed) *Engine {
 		t.Fatal(err)
 	}
 	sc := afxdp.DefaultConfig()
-	cfg := EngineConfig{
-		Interfaces: []InterfaceConfig{
-			{Name: tb.NodeClientSide().Iface, Queues: []int{0}, CPUs: []int{-1}, Mode: xdp.Native, Socket: sc},
-			{Name: tb.NodeLANSide().Iface, Queues: []int{0}, CPUs: []int{-1}, Mode: xdp.Native, Socket: sc},
-		},
-		Conntrack: conntrack.Config{Capacity: 65536},
-		SNATPorts: conntrack.PortRange{First: 40000, Last: 60000},
-		Log:       slog.New(slog.NewTextHandler(io.Discard, nil)),
-	}
+	names := []string{tb.NodeClientSide().Iface, tb.NodeLANSide().Iface}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	var e *Engine
 	err := tb.Do(tb.NodeNS(), func() error {
-		var err error
-		e, err = Start(cfg)
+		k, err := NewKernel(KernelOptions{Interfaces: names, Log: log})
+		if err != nil {
+			return err
+		}
+		e, err = Start(EngineConfig{
+			Kernel: k,
+			Interfaces: []InterfaceConfig{
+				{Name: names[0], Mode: xdp.Native, Socket: sc},
+				{Name: names[1], Mode: xdp.Native, Socket: sc},
+			},
+			ExceptionInterface: "xdpx0",
+			Conntrack:          conntrack.Config{Capacity: 65536},
+			SNATPorts:          conntrack.PortRange{First: 61000, Last: 65535},
+			Log:                log,
+		})
 		return err
 	})
 	if err != nil {
@@ -92,8 +98,8 @@ func TestEngineForwardsHTTP(t *testing.T) {
 	t.Logf("hits: %v", hits)
 	// The flows just made are all still tracked: reconciling the XDP flow
 	// map must keep every one of their reply tuples.
-	if n, err := e.reconcileOnce(); err != nil || n != 0 {
-		t.Fatalf("reconcile removed %d live flows (err %v)", n, err)
+	if removed, restored, err := e.reconcileOnce(); err != nil || removed != 0 || restored != 0 {
+		t.Fatalf("reconcile removed %d live flows and restored %d (err %v)", removed, restored, err)
 	}
 	if len(hits) != 3 {
 		t.Fatalf("requests reached %d backends, want 3: %v", len(hits), hits)

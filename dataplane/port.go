@@ -1,9 +1,8 @@
 package dataplane
 
 import (
+	"net"
 	"sync"
-
-	"github.com/xdproxy/xdproxy/xdp/afxdp"
 )
 
 // Port is one AF_XDP socket: one queue of one interface. Its receive ring
@@ -15,15 +14,29 @@ type Port struct {
 	Ifindex int
 	Name    string
 	Queue   int
-	Sock    *afxdp.Socket
+	MAC     net.HardwareAddr
+	Sock    Socket
+	// FrameSize is the usable size of one of the socket's frames.
+	FrameSize int
 
-	mu sync.Mutex
+	mu     sync.Mutex
+	closed bool // under mu: the socket is closed, transmit nothing
 }
 
 // NewPort wraps an open socket.
-func NewPort(ifindex int, name string, queue int, sock *afxdp.Socket) *Port {
-	return &Port{Ifindex: ifindex, Name: name, Queue: queue, Sock: sock}
+func NewPort(l Link, queue int, sock Socket, frameSize int) *Port {
+	return &Port{Ifindex: l.Index, Name: l.Name, Queue: queue, MAC: l.MAC, Sock: sock, FrameSize: frameSize}
 }
 
-// frameSize is the usable size of one UMEM frame.
-func (p *Port) frameSize() int { return p.Sock.Config().FrameSize }
+// close marks the port closed and closes its socket. Its own worker must
+// have stopped; other workers find it closed under mu and drop what they
+// would have sent.
+func (p *Port) close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	p.closed = true
+	return p.Sock.Close()
+}

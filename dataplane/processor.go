@@ -47,13 +47,14 @@ type Processor struct {
 
 	// NewFlows counts flows this processor created; read by its worker.
 	NewFlows uint64
-	// NewReplies are the reply tuples of DNAT-only flows created in this
-	// batch. The XDP program recognises such replies by their exact tuple
-	// (a backend's reply to a client looks like any direct traffic from
-	// the backend otherwise), so the worker hands these to the XDP flow
-	// map before it transmits the batch. Masqueraded flows need no entry:
-	// their replies come to a SNAT port.
+	// NewReplies are the reply tuples of the flows created in this batch,
+	// and NewHandles their conntrack handles, in the same order. The XDP
+	// program recognises replies only by their exact tuple (a backend's
+	// reply to a client looks like direct traffic from the backend, a
+	// reply to a SNAT port like the node's own traffic), so the worker
+	// hands these to the XDP flow map before it transmits the batch.
 	NewReplies []packet.Tuple
+	NewHandles []conntrack.Handle
 }
 
 // NewProcessor makes the processor of one worker.
@@ -64,7 +65,8 @@ func NewProcessor(cfg ProcessorConfig) *Processor {
 	if cfg.RejectsPerSecond == 0 {
 		cfg.RejectsPerSecond = 1000
 	}
-	return &Processor{cfg: cfg, rng: cfg.Seed | 1, NewReplies: make([]packet.Tuple, 0, maxBatch)}
+	return &Processor{cfg: cfg, rng: cfg.Seed | 1,
+		NewReplies: make([]packet.Tuple, 0, maxBatch), NewHandles: make([]conntrack.Handle, 0, maxBatch)}
 }
 
 // maxBatch bounds a worker's batch, so that NewReplies (at most one per
@@ -203,8 +205,9 @@ func (p *Processor) newFlow(frame []byte, now int64) Verdict {
 		return Verdict{Action: Drop, Reason: res.Reason()}
 	}
 	p.NewFlows++
-	if flags&conntrack.SNAT == 0 && len(p.NewReplies) < cap(p.NewReplies) {
+	if len(p.NewReplies) < cap(p.NewReplies) {
 		p.NewReplies = append(p.NewReplies, translated.Reverse())
+		p.NewHandles = append(p.NewHandles, h)
 	}
 	flow := conntrack.Flow{Handle: h, Rewrite: translated}
 	return p.established(frame, &flow, conntrack.Original, now)

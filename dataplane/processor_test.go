@@ -349,22 +349,20 @@ func TestProcessAllocs(t *testing.T) {
 	}
 }
 
-// TestNewRepliesForXDP: a DNAT-only flow's reply tuple is handed to the
-// worker for the XDP flow map; a masqueraded flow's is not (its replies
-// come to a SNAT port).
+// TestNewRepliesForXDP: every new flow's reply tuple, DNAT-only and
+// masqueraded alike, is handed to the worker for the XDP flow map, with
+// its conntrack handle: the XDP program claims replies only by their
+// exact tuple.
 func TestNewRepliesForXDP(t *testing.T) {
 	h := newHarness(t, testModel(), 4096)
-	f := frame(t, packet.ProtoTCP, podA, addr("198.19.0.10"), 46000, 80, packet.TCPSyn, nil)
-	v := h.proc.Process(f, 1)
-	var out packet.Packet
-	packet.Parse(f[:v.Len], &out)
-	if len(h.proc.NewReplies) != 1 || h.proc.NewReplies[0] != out.Tuple().Reverse() {
-		t.Fatalf("NewReplies %v, want the reply of %v", h.proc.NewReplies, out.Tuple())
-	}
-	h.proc.NewReplies = h.proc.NewReplies[:0]
-	f = frame(t, packet.ProtoTCP, outside, addr("198.19.0.10"), 46001, 80, packet.TCPSyn, nil)
-	h.proc.Process(f, 1)
-	if len(h.proc.NewReplies) != 0 {
-		t.Fatalf("masqueraded flow published a reply tuple: %v", h.proc.NewReplies)
+	for _, client := range []packet.Addr{podA, outside} {
+		h.proc.NewReplies, h.proc.NewHandles = h.proc.NewReplies[:0], h.proc.NewHandles[:0]
+		f := frame(t, packet.ProtoTCP, client, addr("198.19.0.10"), 46000, 80, packet.TCPSyn, nil)
+		v := h.proc.Process(f, 1)
+		var out packet.Packet
+		packet.Parse(f[:v.Len], &out)
+		if len(h.proc.NewReplies) != 1 || h.proc.NewReplies[0] != out.Tuple().Reverse() || len(h.proc.NewHandles) != 1 {
+			t.Fatalf("client %v: NewReplies %v, want the reply of %v with its handle", client, h.proc.NewReplies, out.Tuple())
+		}
 	}
 }

@@ -2,22 +2,30 @@ package dataplane
 
 import (
 	"fmt"
+	"net"
 	"runtime"
 	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/xdproxy/xdproxy/nat/conntrack"
 	"github.com/xdproxy/xdproxy/nat/packet"
+	"github.com/xdproxy/xdproxy/xdp"
 	"github.com/xdproxy/xdproxy/xdp/afxdp"
 )
 
 // NextHop is where a frame leaves: the egress interface and the Ethernet
-// addresses to write.
+// addresses to write, or the kernel's stack.
 type NextHop struct {
 	Ifindex int
 	Src     [6]byte
 	Dst     [6]byte
+	// ViaKernel says the destination is routed through an interface
+	// xdproxy does not serve (a local pod's veth): the frame is handed to
+	// the kernel's stack through the exception link, and the kernel
+	// delivers it.
+	ViaKernel bool
 }
 
 // Resolver finds the next hop of a destination. Resolve is called per
@@ -26,14 +34,6 @@ type NextHop struct {
 // resolution, one without a route packet.DropNoRoute.
 type Resolver interface {
 	Resolve(dst packet.Addr) (NextHop, packet.Reason)
-}
-
-// FlowPublisher tells the XDP program which replies are xdproxy's. Add
-// buffers a reply tuple; Flush makes the buffered tuples visible to the
-// program (one system call). A worker owns its FlowPublisher.
-type FlowPublisher interface {
-	Add(reply packet.Tuple) bool
-	Flush() error
 }
 
 // WorkerConfig configures one worker.
@@ -56,30 +56,44 @@ type Worker struct {
 	port     *Port
 	proc     *Processor
 	resolver Resolver
-	flows    FlowPublisher
-	// egress[ifindex] is the port this worker transmits on for that
-	// interface; nil where xdproxy has no socket.
-	egress []*Port
+	flows    FlowWriter
+	ct       *conntrack.Table
+	egress   *atomic.Pointer[egress]
 
 	Counters Counters
 	tid      atomic.Int32
-	stop     atomic.Bool
-	done     chan struct{}
+	// alive is the monotonic time of the loop's last turn, for /livez.
+	alive atomic.Int64
+	stop  atomic.Bool
+	done  chan struct{}
 
-	rx       []afxdp.Desc
-	ownTx    []afxdp.Desc
-	release  []afxdp.Desc
-	cross    [][]afxdp.Desc // pending frames per egress slot (by index in crossPorts)
-	crossIdx []int          // egress ifindex -> index in crossPorts, -1 when none
-	ports    []*Port        // crossPorts: other ports this worker forwards into
-	batch    batchCounters
+	rx      []afxdp.Desc
+	ownTx   []afxdp.Desc
+	release []afxdp.Desc
+	unsent  []conntrack.Handle // flows whose reply tuple the XDP table refused
+
+	// Where this worker's frames go, worked out from the egress
+	// snapshot eg when it changes: route[i] is for eg.ifaces[i].
+	eg         *egress
+	route      []egressSlot
+	crossPorts []*Port         // ports other than its own it transmits into
+	cross      [][]afxdp.Desc  // frames pending for crossPorts[i]
+	kernel     int             // index into crossPorts of the exception port, -1 none
+	kernelMAC  [6]byte         // destination MAC of frames for the kernel
+	batch      batchCounters
 }
 
-// NewWorker builds a worker for port. ports lists every port of this
-// xdproxy; for each interface the worker transmits on the port whose queue
-// matches its own (modulo the interface's queue count), so that several
-// workers spread their transmit load over the egress interface's queues.
-func NewWorker(cfg WorkerConfig, port *Port, ports []*Port, proc *Processor, resolver Resolver, flows FlowPublisher) *Worker {
+// egressSlot says where frames routed out of one interface go: -1 for
+// this worker's own port, else an index into crossPorts.
+type egressSlot struct {
+	ifindex int
+	cross   int
+}
+
+// NewWorker builds a worker for port. egress is the engine's snapshot of
+// every port it may transmit into.
+func NewWorker(cfg WorkerConfig, port *Port, eg *atomic.Pointer[egress], proc *Processor, ct *conntrack.Table,
+	resolver Resolver, flows FlowWriter) *Worker {
 	if cfg.BatchSize <= 0 {
 		cfg.BatchSize = 64
 	}
@@ -87,34 +101,15 @@ func NewWorker(cfg WorkerConfig, port *Port, ports []*Port, proc *Processor, res
 	if cfg.IdleWait <= 0 {
 		cfg.IdleWait = 200 * time.Millisecond
 	}
-	w := &Worker{cfg: cfg, port: port, proc: proc, resolver: resolver, flows: flows, done: make(chan struct{})}
-	byIf := map[int][]*Port{}
-	maxIf := 0
-	for _, p := range ports {
-		byIf[p.Ifindex] = append(byIf[p.Ifindex], p)
-		maxIf = max(maxIf, p.Ifindex)
+	return &Worker{
+		cfg: cfg, port: port, proc: proc, ct: ct, resolver: resolver, flows: flows, egress: eg,
+		done:    make(chan struct{}),
+		rx:      make([]afxdp.Desc, cfg.BatchSize),
+		ownTx:   make([]afxdp.Desc, 0, cfg.BatchSize),
+		release: make([]afxdp.Desc, 0, cfg.BatchSize),
+		unsent:  make([]conntrack.Handle, 0, cfg.BatchSize),
+		kernel:  -1,
 	}
-	w.egress = make([]*Port, maxIf+1)
-	w.crossIdx = make([]int, maxIf+1)
-	for i := range w.crossIdx {
-		w.crossIdx[i] = -1
-	}
-	for ifindex, ps := range byIf {
-		eg := ps[port.Queue%len(ps)]
-		if ifindex == port.Ifindex {
-			eg = port
-		}
-		w.egress[ifindex] = eg
-		if eg != port {
-			w.crossIdx[ifindex] = len(w.ports)
-			w.ports = append(w.ports, eg)
-			w.cross = append(w.cross, make([]afxdp.Desc, 0, cfg.BatchSize))
-		}
-	}
-	w.rx = make([]afxdp.Desc, cfg.BatchSize)
-	w.ownTx = make([]afxdp.Desc, 0, cfg.BatchSize)
-	w.release = make([]afxdp.Desc, 0, cfg.BatchSize)
-	return w
 }
 
 // TID is the OS thread the worker runs on, 0 before Run started.
@@ -125,6 +120,10 @@ func (w *Worker) Port() *Port { return w.port }
 
 // CPU is the CPU the worker is pinned to, -1 for none.
 func (w *Worker) CPU() int { return w.cfg.CPU }
+
+// Alive is the monotonic time (MonotonicNow) at which the worker's loop
+// last went round, 0 before it started.
+func (w *Worker) Alive() int64 { return w.alive.Load() }
 
 // Stop asks Run to return after its current batch and waits until it has.
 func (w *Worker) Stop() {
@@ -151,6 +150,7 @@ func (w *Worker) Run() error {
 	sock.Refill()
 	w.port.mu.Unlock()
 	for !w.stop.Load() {
+		w.alive.Store(monotonicNow())
 		n := sock.Receive(w.rx)
 		if n == 0 {
 			w.idle()
@@ -176,7 +176,47 @@ func (w *Worker) idle() {
 	}
 }
 
+// useEgress works out where frames go under a new egress snapshot. It
+// allocates, but only when the engine published a new snapshot (an
+// interface came, went or changed its queues).
+func (w *Worker) useEgress(eg *egress) {
+	w.eg = eg
+	w.route = w.route[:0]
+	w.crossPorts = w.crossPorts[:0]
+	w.kernel = -1
+	cross := func(p *Port) int {
+		for i, q := range w.crossPorts {
+			if q == p {
+				return i
+			}
+		}
+		w.crossPorts = append(w.crossPorts, p)
+		return len(w.crossPorts) - 1
+	}
+	if eg != nil {
+		for _, in := range eg.ifaces {
+			s := egressSlot{ifindex: in.ifindex, cross: -1}
+			if in.ifindex != w.port.Ifindex {
+				// Spread the transmit load of several workers over
+				// the egress interface's queues.
+				s.cross = cross(in.ports[w.port.Queue%len(in.ports)])
+			}
+			w.route = append(w.route, s)
+		}
+		if eg.kernel != nil {
+			w.kernel = cross(eg.kernel)
+			copy(w.kernelMAC[:], eg.kernelMAC)
+		}
+	}
+	for len(w.cross) < len(w.crossPorts) {
+		w.cross = append(w.cross, make([]afxdp.Desc, 0, w.cfg.BatchSize))
+	}
+}
+
 func (w *Worker) processBatch(descs []afxdp.Desc) {
+	if eg := w.egress.Load(); eg != w.eg {
+		w.useEgress(eg)
+	}
 	now := monotonicNow()
 	w.proc.BeginBatch(now)
 	sock := w.port.Sock
@@ -193,26 +233,22 @@ func (w *Worker) processBatch(descs []afxdp.Desc) {
 				w.release = append(w.release, d)
 				continue
 			}
-			copy(frame[0:6], hop.Dst[:])
-			copy(frame[6:12], hop.Src[:])
 			d.Len = uint32(v.Len)
 			if v.Action == Forward {
 				b.forwarded++
 			} else {
 				b.replied++
 			}
-			if hop.Ifindex == w.port.Ifindex {
-				w.ownTx = append(w.ownTx, d)
+			if hop.ViaKernel {
+				b.viaKernel++
+				w.toKernel(d, frame, packet.OK)
 				continue
 			}
-			if hop.Ifindex >= len(w.crossIdx) || w.crossIdx[hop.Ifindex] < 0 {
-				// Routed out of an interface xdproxy has no socket on.
-				b.byReason[packet.DropNoRoute]++
-				w.release = append(w.release, d)
-				continue
-			}
-			i := w.crossIdx[hop.Ifindex]
-			w.cross[i] = append(w.cross[i], d)
+			copy(frame[0:6], hop.Dst[:])
+			copy(frame[6:12], hop.Src[:])
+			w.toInterface(d, hop.Ifindex)
+		case Pass:
+			w.toKernel(d, frame, v.Reason)
 		default:
 			b.byReason[v.Reason]++
 			w.release = append(w.release, d)
@@ -227,53 +263,105 @@ func (w *Worker) processBatch(descs []afxdp.Desc) {
 	w.Counters.add(b)
 }
 
+// toInterface queues a frame for the port that transmits on ifindex.
+func (w *Worker) toInterface(d afxdp.Desc, ifindex int) {
+	for _, s := range w.route {
+		if s.ifindex != ifindex {
+			continue
+		}
+		if s.cross < 0 {
+			w.ownTx = append(w.ownTx, d)
+		} else {
+			w.cross[s.cross] = append(w.cross[s.cross], d)
+		}
+		return
+	}
+	// Routed out of an interface xdproxy has no socket on any more.
+	w.batch.byReason[packet.DropNoRoute]++
+	w.release = append(w.release, d)
+}
+
+// toKernel hands a frame to the kernel's stack through the exception
+// link: it arrives there as if the NIC had received it. Frames that are
+// not ours after all keep their reason (pass_*), counted; translated
+// frames for a destination behind an interface xdproxy does not serve go
+// the same way with reason OK.
+func (w *Worker) toKernel(d afxdp.Desc, frame []byte, r packet.Reason) {
+	if r != packet.OK {
+		w.batch.byReason[r]++
+	}
+	if w.kernel < 0 {
+		w.batch.byReason[packet.DropNoKernelPath]++
+		w.release = append(w.release, d)
+		return
+	}
+	copy(frame[0:6], w.kernelMAC[:])
+	w.batch.toKernel++
+	w.cross[w.kernel] = append(w.cross[w.kernel], d)
+}
+
 // publishFlows registers the batch's new reply tuples with the XDP program
 // before any of the batch's frames leave, so that no reply can arrive
-// before the program knows it.
+// before the program knows it. A flow whose tuple the table refused (it is
+// full) is taken out of conntrack again: its replies would reach the
+// kernel, so the connection could not work, and the client's next attempt
+// starts afresh.
 func (w *Worker) publishFlows() {
 	p := w.proc
 	if len(p.NewReplies) == 0 {
 		return
 	}
-	if w.flows != nil {
-		for _, t := range p.NewReplies {
-			w.flows.Add(t)
-		}
-		if err := w.flows.Flush(); err != nil {
-			w.Counters.FlowPublishErrors.Add(1)
+	for _, t := range p.NewReplies {
+		w.flows.Add(xdp.FlowKey(t))
+	}
+	n, err := w.flows.Flush()
+	if err != nil {
+		w.Counters.FlowPublishErrors.Add(1)
+		for _, h := range p.NewHandles[n:] {
+			w.ct.Delete(h)
+			w.batch.byReason[packet.DropFlowTableFull]++
 		}
 	}
 	p.NewReplies = p.NewReplies[:0]
+	p.NewHandles = p.NewHandles[:0]
 }
 
-// flushCross copies frames bound for other interfaces into those ports'
-// UMEMs and transmits them, one lock per egress port.
+// flushCross copies frames bound for other ports into those ports' UMEMs
+// and transmits them, one lock per egress port.
 func (w *Worker) flushCross() {
 	src := w.port.Sock
 	for i, pending := range w.cross {
 		if len(pending) == 0 {
 			continue
 		}
-		eg := w.ports[i]
+		eg := w.crossPorts[i]
 		eg.mu.Lock()
+		if eg.closed {
+			eg.mu.Unlock()
+			w.release = append(w.release, pending...)
+			w.batch.byReason[packet.DropNoRoute] += uint64(len(pending))
+			w.cross[i] = pending[:0]
+			continue
+		}
 		es := eg.Sock
 		es.Complete()
-		sent := 0
-		for j, d := range pending {
+		// Every source frame goes back to this worker's port once its
+		// bytes are copied (or it is dropped).
+		w.release = append(w.release, pending...)
+		sent, tooBig := 0, 0
+		for _, d := range pending {
+			if int(d.Len) > eg.FrameSize {
+				tooBig++
+				continue
+			}
 			nd, ok := es.Alloc()
 			if !ok {
 				break
 			}
-			buf := es.Frame(afxdp.Desc{Addr: nd.Addr, Len: d.Len})
-			copy(buf, src.Frame(d))
+			copy(es.Frame(afxdp.Desc{Addr: nd.Addr, Len: d.Len}), src.Frame(d))
 			nd.Len = d.Len
-			pending[j] = nd // reuse the slot for the egress frame
-			w.release = append(w.release, d)
+			pending[sent] = nd // reuse the slot, already read, for the egress frame
 			sent++
-		}
-		dropped := pending[sent:]
-		for _, d := range dropped {
-			w.release = append(w.release, d)
 		}
 		n := es.Transmit(pending[:sent])
 		for _, d := range pending[n:sent] {
@@ -282,7 +370,8 @@ func (w *Worker) flushCross() {
 		eg.mu.Unlock()
 		w.batch.copied += uint64(sent)
 		w.batch.tx += uint64(n)
-		if lost := uint64(len(pending) - n); lost > 0 {
+		w.batch.byReason[packet.DropTooBig] += uint64(tooBig)
+		if lost := uint64(len(pending) - tooBig - n); lost > 0 {
 			w.batch.byReason[packet.DropTxFull] += lost
 		}
 		w.cross[i] = pending[:0]
@@ -314,9 +403,28 @@ func (w *Worker) flushOwn() {
 
 var clockStart = time.Now()
 
-// monotonicNow is nanoseconds on the monotonic clock (vDSO, no syscall).
-func monotonicNow() int64 { return int64(time.Since(clockStart)) }
+// clockBase is CLOCK_MONOTONIC at clockStart. Go's monotonic clock is
+// CLOCK_MONOTONIC too, counted from an arbitrary origin; adding the base
+// gives a time every process on the node agrees on, so connection-tracking
+// deadlines written by one generation of xdproxy stay valid in the next.
+var clockBase = func() int64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		panic(fmt.Sprintf("dataplane: CLOCK_MONOTONIC: %v", err))
+	}
+	return ts.Nano() - int64(time.Since(clockStart))
+}()
+
+// monotonicNow is nanoseconds of CLOCK_MONOTONIC (through the vDSO, no
+// system call).
+func monotonicNow() int64 { return clockBase + int64(time.Since(clockStart)) }
 
 // MonotonicNow is the clock workers pass to Process and conntrack, for
 // callers outside the dataplane (the admin dump).
 func MonotonicNow() int64 { return monotonicNow() }
+
+// macOf copies a hardware address into the form frames carry.
+func macOf(m net.HardwareAddr) (out [6]byte) {
+	copy(out[:], m)
+	return out
+}

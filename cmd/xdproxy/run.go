@@ -60,6 +60,17 @@ func runCmd(args []string) error {
 	if err != nil {
 		return err
 	}
+	var names []string
+	for _, in := range cfg.Interfaces {
+		names = append(names, in.Name)
+	}
+	// The XDP flow table holds one reply tuple per tracked connection,
+	// with room for the tuples of ended ones not yet deleted.
+	xo := xdp.Options{MaxFrontends: cfg.XDPTables.MaxFrontends, MaxAddrs: cfg.XDPTables.MaxAddresses,
+		MaxFlows: cfg.Conntrack.MaxEntries + cfg.Conntrack.MaxEntries/4}
+	if ecfg.Kernel, err = dataplane.NewKernel(dataplane.KernelOptions{Interfaces: names, Tables: xo, Log: log}); err != nil {
+		return err
+	}
 	engine, err := dataplane.Start(ecfg)
 	if err != nil {
 		return err
@@ -137,9 +148,8 @@ func engineConfig(cfg *config.Config, log *slog.Logger) (dataplane.EngineConfig,
 	ct := cfg.Conntrack
 	e := dataplane.EngineConfig{
 		BatchSize: cfg.BatchSize, BusyPoll: cfg.BusyPoll, Log: log,
-		SNATPorts: conntrack.PortRange{First: lo, Last: hi},
-		XDPTables: xdp.Options{MaxFrontends: cfg.XDPTables.MaxFrontends, MaxBackends: cfg.XDPTables.MaxBackends,
-			MaxAddrs: cfg.XDPTables.MaxAddresses},
+		SNATPorts:          conntrack.PortRange{First: lo, Last: hi},
+		ExceptionInterface: "xdpx0",
 		Conntrack: conntrack.Config{
 			Capacity: ct.MaxEntries, FragmentCapacity: ct.FragmentTableMaxLen, FragmentTimeout: ct.FragmentTimeout.Duration,
 			Timeouts: conntrack.Timeouts{

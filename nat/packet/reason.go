@@ -40,6 +40,9 @@ const (
 	DropNeighbor       // next hop not resolved yet (resolution triggered)
 	DropTxFull         // egress ring full
 	DropTooBig         // translated frame does not fit the egress frame
+	DropFlowTableFull  // the XDP program's flow table refused the flow's reply tuple
+	DropNoKernelPath   // a frame for the kernel, but no exception link to hand it over
+	DropOutOfWindow    // a TCP RST or FIN outside the receiver's window
 
 	NumReasons
 )
@@ -74,6 +77,9 @@ var reasonNames = [NumReasons]string{
 	DropNeighbor:       "drop_neighbor_unresolved",
 	DropTxFull:         "drop_tx_full",
 	DropTooBig:         "drop_too_big",
+	DropFlowTableFull:  "drop_flow_table_full",
+	DropNoKernelPath:   "drop_no_kernel_path",
+	DropOutOfWindow:    "drop_out_of_window",
 }
 
 func (r Reason) String() string {
@@ -85,6 +91,3 @@ func (r Reason) String() string {
 
 // IsPass reports whether r hands the frame to the kernel.
 func (r Reason) IsPass() bool { return r >= PassNotIP && r <= PassFragment }
-
-// IsDrop reports whether r drops the frame.
-func (r Reason) IsDrop() bool { return r >= DropShortEthernet && r < NumReasons }

@@ -1,0 +1,386 @@
+package dataplane
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/xdproxy/xdproxy/dataplane/service"
+	"github.com/xdproxy/xdproxy/nat/conntrack"
+	"github.com/xdproxy/xdproxy/nat/packet"
+	"github.com/xdproxy/xdproxy/xdp"
+	"github.com/xdproxy/xdproxy/xdp/afxdp"
+)
+
+// These tests run the engine and its workers on the fake kernel: no
+// privileges, real Processor, real conntrack, real worker loop. Run them
+// with -race (make test does).
+
+// fakeNode is two interfaces, n0 towards clients and n1 towards backends,
+// with the exception link, on a fake kernel.
+type fakeNode struct {
+	k      *fakeKernel
+	e      *Engine
+	n0, n1 Link
+	kEnd   Link // the exception link's kernel end
+}
+
+func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func startFakeNode(t *testing.T, queues int, tweak func(*EngineConfig)) *fakeNode {
+	t.Helper()
+	return startFakeNodeOn(t, newFakeKernel(), queues, tweak)
+}
+
+// await waits for cond, failing the test after a few seconds.
+func await(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// inject delivers frame on queue q of l and waits until a worker took it.
+func (fn *fakeNode) inject(t *testing.T, l Link, q int, frame []byte) {
+	t.Helper()
+	var s *fakeSocket
+	await(t, "a socket with a full fill ring", func() bool {
+		s = fn.k.socket(l.Index, q)
+		return s != nil && s.Inject(frame)
+	})
+}
+
+// sent waits for n frames transmitted on l's sockets and returns them.
+func (fn *fakeNode) sent(t *testing.T, l Link, n int) [][]byte {
+	t.Helper()
+	var got [][]byte
+	await(t, fmt.Sprintf("transmitted frames on %s (counters %+v)", l.Name, fn.counters()), func() bool {
+		for q := range l.Queues {
+			if s := fn.k.socket(l.Index, q); s != nil {
+				got = append(got, s.Sent()...)
+			}
+		}
+		return len(got) >= n
+	})
+	return got
+}
+
+func (fn *fakeNode) counters() Snapshot {
+	var s Snapshot
+	for _, w := range fn.e.Workers() {
+		s.Add(w.Counters.Snapshot())
+	}
+	return s
+}
+
+func TestWorkerForwardsBothWays(t *testing.T) {
+	fn := startFakeNode(t, 1, nil)
+	syn := frame(t, packet.ProtoTCP, podA, addr("198.19.0.10"), 46000, 80, packet.TCPSyn, nil)
+	fn.inject(t, fn.n0, 0, syn)
+	out := fn.sent(t, fn.n1, 1)[0]
+	p := parse(t, out)
+	if p.Src != podA || (p.Dst != addr("198.18.1.11") && p.Dst != addr("198.18.1.12")) || p.DstPort != 8080 {
+		t.Fatalf("forwarded %v, want podA -> a web backend:8080", p.Tuple())
+	}
+	if !bytes.Equal(out[0:6], []byte{2, 0xb, 0, 0, 0, 1}) || !bytes.Equal(out[6:12], fn.n1.MAC) {
+		t.Errorf("MACs %x -> %x, want the next hop's and n1's", out[6:12], out[0:6])
+	}
+	reply := p.Tuple().Reverse()
+	if !fn.k.tables.hasFlow(xdp.FlowKey(reply)) {
+		t.Fatalf("reply tuple %v not published to the XDP flow table", reply)
+	}
+	back := frame(t, packet.ProtoTCP, reply.Src, reply.Dst, reply.SrcPort, reply.DstPort, packet.TCPSyn|packet.TCPAck, nil)
+	fn.inject(t, fn.n1, 0, back)
+	bp := parse(t, fn.sent(t, fn.n0, 1)[0])
+	if bp.Src != addr("198.19.0.10") || bp.SrcPort != 80 || bp.Dst != podA || bp.DstPort != 46000 {
+		t.Fatalf("reply sent as %v, want 198.19.0.10:80 -> podA:46000", bp.Tuple())
+	}
+	c := fn.counters()
+	if c.Forwarded != 2 || c.Copied != 2 || c.NewFlows != 1 {
+		t.Errorf("counters %+v: want 2 forwarded, 2 copied across ports, 1 new flow", c)
+	}
+}
+
+// TestMasqueradedFlowPublishesItsReply: a masqueraded flow's reply comes to
+// a node address and a SNAT port; the XDP program claims it only by its
+// exact tuple, which the worker must publish like any other.
+func TestMasqueradedFlowPublishesItsReply(t *testing.T) {
+	fn := startFakeNode(t, 1, nil)
+	fn.inject(t, fn.n0, 0, frame(t, packet.ProtoUDP, outside, addr("198.19.0.20"), 5000, 53, 0, []byte("q")))
+	p := parse(t, fn.sent(t, fn.n1, 1)[0])
+	if p.Src != nodeAddr || p.SrcPort < 61000 {
+		t.Fatalf("masqueraded as %v, want from %v and a port in 61000-65535", p.Tuple(), nodeAddr)
+	}
+	if !fn.k.tables.hasFlow(xdp.FlowKey(p.Tuple().Reverse())) {
+		t.Fatalf("reply %v of a masqueraded flow not published", p.Tuple().Reverse())
+	}
+}
+
+// TestNotOursGoesToTheKernel: a frame that reached a worker but belongs
+// to no service and no flow (the flow ended between the XDP lookup and
+// ours) is handed to the kernel unchanged, with the kernel end's MAC, and
+// counted under its reason.
+func TestNotOursGoesToTheKernel(t *testing.T) {
+	fn := startFakeNode(t, 1, nil)
+	f := frame(t, packet.ProtoTCP, addr("198.18.1.11"), podA, 8080, 46001, packet.TCPAck, []byte("late"))
+	fn.inject(t, fn.n1, 0, f)
+	got := fn.sent(t, fn.kEnd.withXdproxyEnd(fn.k), 1)[0]
+	if !bytes.Equal(got[0:6], fn.kEnd.MAC) {
+		t.Errorf("destination MAC %x, want the kernel end's %x", got[0:6], fn.kEnd.MAC)
+	}
+	if !bytes.Equal(got[6:], f[6:]) {
+		t.Errorf("frame changed on its way to the kernel")
+	}
+	c := fn.counters()
+	if c.ToKernel != 1 || c.ByReason["pass_no_service"] != 1 {
+		t.Errorf("counters %+v: want 1 to the kernel, counted pass_no_service", c)
+	}
+}
+
+// withXdproxyEnd returns the exception link's other end, where xdproxy's
+// socket transmits.
+func (l Link) withXdproxyEnd(k *fakeKernel) Link {
+	x, _ := k.Link(xdproxyEndName(l.Name))
+	return x
+}
+
+func TestNoExceptionLinkDropsAndCounts(t *testing.T) {
+	fn := startFakeNode(t, 1, func(c *EngineConfig) { c.ExceptionInterface = "" })
+	fn.inject(t, fn.n1, 0, frame(t, packet.ProtoTCP, addr("198.18.1.11"), podA, 8080, 46001, packet.TCPAck, nil))
+	await(t, "the drop", func() bool { return fn.counters().ByReason["drop_no_kernel_path"] == 1 })
+}
+
+// TestTxFullIsCountedAndLeaksNothing: the egress ring takes 2 frames per
+// batch; the rest are dropped as drop_tx_full and their frames return to
+// the free stacks.
+func TestTxFullIsCountedAndLeaksNothing(t *testing.T) {
+	k := newFakeKernel()
+	k.faults.txRingSlots = 2
+	fn := startFakeNodeOn(t, k, 1, func(c *EngineConfig) { c.BatchSize = 16 })
+	in := fn.k.socket(fn.n0.Index, 0)
+	in.setHold(true)
+	for i := range 8 {
+		fn.inject(t, fn.n0, 0, frame(t, packet.ProtoUDP, podA, addr("198.19.0.20"), uint16(6000+i), 53, 0, nil))
+	}
+	in.setHold(false) // one batch of 8
+	await(t, "8 frames handled", func() bool { return fn.counters().RxFrames == 8 })
+	c := fn.counters()
+	sent := len(fn.k.socket(fn.n1.Index, 0).Sent())
+	if c.TxFrames != uint64(sent) || c.ByReason["drop_tx_full"] != uint64(8-sent) || sent == 8 {
+		t.Errorf("sent %d, counters %+v: want the frames that did not fit counted drop_tx_full", sent, c)
+	}
+	await(t, "no frames held", func() bool {
+		return in.Held() == 0 && fn.k.socket(fn.n1.Index, 0).Held() == 0
+	})
+}
+
+func startFakeNodeOn(t *testing.T, k *fakeKernel, queues int, tweak func(*EngineConfig)) *fakeNode {
+	t.Helper()
+	fn := &fakeNode{k: k}
+	fn.n0 = k.addLink("n0", queues, "198.18.0.1")
+	fn.n1 = k.addLink("n1", queues, nodeAddr.String())
+	sc := afxdp.DefaultConfig()
+	cfg := EngineConfig{
+		Kernel: k,
+		Interfaces: []InterfaceConfig{
+			{Name: "n0", Mode: xdp.Native, Socket: sc},
+			{Name: "n1", Mode: xdp.Native, Socket: sc},
+		},
+		ExceptionInterface: "xdpx0",
+		Conntrack:          conntrack.Config{Capacity: 4096},
+		SNATPorts:          conntrack.PortRange{First: 61000, Last: 65535},
+		LinkCheckInterval:  time.Hour,
+		Log:                quietLog(),
+	}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	e, err := Start(cfg)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	t.Cleanup(func() { e.Close() })
+	fn.e = e
+	fn.kEnd, _ = k.Link("xdpx0")
+	for _, a := range []packet.Addr{podA, outside} {
+		k.resolver.set(a, NextHop{Ifindex: fn.n0.Index, Dst: [6]byte{2, 0xc, 0, 0, 0, 1}, Src: macOf(fn.n0.MAC)})
+	}
+	for _, a := range []string{"198.18.1.11", "198.18.1.12", "198.18.1.13"} {
+		k.resolver.set(addr(a), NextHop{Ifindex: fn.n1.Index, Dst: [6]byte{2, 0xb, 0, 0, 0, 1}, Src: macOf(fn.n1.MAC)})
+	}
+	if err := e.Publish(service.Compile(testModel(), service.CompileOptions{
+		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/24")}})); err != nil {
+		t.Fatal(err)
+	}
+	return fn
+}
+
+// TestFlowTableFullUndoesTheFlow: when the XDP flow table refuses a new
+// flow's reply tuple, the flow could not work (its replies would reach
+// the kernel); it is taken out of conntrack and counted.
+func TestFlowTableFullUndoesTheFlow(t *testing.T) {
+	k := newFakeKernel()
+	k.faults.flowRoom = 1
+	fn := startFakeNodeOn(t, k, 1, nil)
+	fn.inject(t, fn.n0, 0, frame(t, packet.ProtoUDP, podA, addr("198.19.0.20"), 7000, 53, 0, nil))
+	await(t, "first flow", func() bool { return fn.counters().NewFlows == 1 })
+	fn.inject(t, fn.n0, 0, frame(t, packet.ProtoUDP, podA, addr("198.19.0.20"), 7001, 53, 0, nil))
+	await(t, "the refusal", func() bool { return fn.counters().ByReason["drop_flow_table_full"] == 1 })
+	now := MonotonicNow()
+	second := packet.Tuple{Src: podA, Dst: addr("198.19.0.20"), SrcPort: 7001, DstPort: 53, Proto: packet.ProtoUDP}
+	if _, _, ok := fn.e.Conntrack().Lookup(second, now); ok {
+		t.Error("the flow whose reply could not be published is still tracked")
+	}
+	first := second
+	first.SrcPort = 7000
+	if _, _, ok := fn.e.Conntrack().Lookup(first, now); !ok {
+		t.Error("the first flow is gone")
+	}
+	if c := fn.counters(); c.FlowPublishErrors != 1 {
+		t.Errorf("FlowPublishErrors %d, want 1", c.FlowPublishErrors)
+	}
+}
+
+// TestEveryQueueServedAndFollowed: with queues left out of the config,
+// every queue gets a worker; ethtool -L up adds workers; SetChannels down
+// lets go of the queues first (the kernel refuses otherwise), and the
+// interface is healthy all along.
+func TestEveryQueueServedAndFollowed(t *testing.T) {
+	fn := startFakeNode(t, 4, nil)
+	served := func(name string) []int {
+		for _, s := range fn.e.Interfaces() {
+			if s.Name == name {
+				return s.Served
+			}
+		}
+		return nil
+	}
+	if got := served("n0"); !slices.Equal(got, []int{0, 1, 2, 3}) {
+		t.Fatalf("n0 served %v, want all 4 queues", got)
+	}
+	if len(fn.e.Workers()) != 8 {
+		t.Fatalf("%d workers, want 8", len(fn.e.Workers()))
+	}
+	// Traffic on queue 3 works.
+	fn.inject(t, fn.n0, 3, frame(t, packet.ProtoUDP, podA, addr("198.19.0.20"), 7100, 53, 0, nil))
+	fn.sent(t, fn.n1, 1)
+
+	if err := fn.k.setQueues("n0", 2); err == nil {
+		t.Fatal("the fake kernel let ethtool -L remove queues with sockets (it must refuse, as Linux does)")
+	}
+	if err := fn.e.SetChannels("n0", 2); err != nil {
+		t.Fatal(err)
+	}
+	if got := served("n0"); !slices.Equal(got, []int{0, 1}) {
+		t.Fatalf("after SetChannels 2: served %v", got)
+	}
+	if err := fn.e.Healthy(); err != nil {
+		t.Fatalf("unhealthy after shrinking: %v", err)
+	}
+	if err := fn.k.setQueues("n0", 4); err != nil { // ethtool -L back up
+		t.Fatal(err)
+	}
+	await(t, "queues 2 and 3 served again", func() bool { return slices.Equal(served("n0"), []int{0, 1, 2, 3}) })
+	fn.inject(t, fn.n0, 2, frame(t, packet.ProtoUDP, podA, addr("198.19.0.20"), 7101, 53, 0, nil))
+	fn.sent(t, fn.n1, 1)
+	if err := fn.e.Healthy(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestInterfaceRecreated: deleting the NIC makes the engine unhealthy;
+// creating it again (a new ifindex) attaches again without a restart.
+func TestInterfaceRecreated(t *testing.T) {
+	fn := startFakeNode(t, 2, nil)
+	fn.k.deleteLink("n1")
+	await(t, "unhealthy", func() bool { return fn.e.Healthy() != nil })
+	if err := fn.e.Healthy(); !strings.Contains(err.Error(), "n1") {
+		t.Errorf("health %v does not name n1", err)
+	}
+	n1 := fn.k.addLink("n1", 2, nodeAddr.String())
+	await(t, "healthy again", func() bool { return fn.e.Healthy() == nil })
+	for _, a := range []string{"198.18.1.11", "198.18.1.12", "198.18.1.13"} {
+		fn.k.resolver.set(addr(a), NextHop{Ifindex: n1.Index, Dst: [6]byte{2, 0xb, 0, 0, 0, 1}, Src: macOf(n1.MAC)})
+	}
+	fn.inject(t, fn.n0, 0, frame(t, packet.ProtoUDP, podA, addr("198.19.0.20"), 7200, 53, 0, nil))
+	fn.sent(t, n1, 1)
+}
+
+func TestExplicitQueuesMustCoverTheInterface(t *testing.T) {
+	k := newFakeKernel()
+	k.addLink("n0", 2, "198.18.0.1")
+	_, err := Start(EngineConfig{Kernel: k, Log: quietLog(), Conntrack: conntrack.Config{Capacity: 1024},
+		Interfaces: []InterfaceConfig{{Name: "n0", Queues: []int{0}, Socket: afxdp.DefaultConfig()}}})
+	if err == nil || !strings.Contains(err.Error(), "queues [1] of 2 are not served") {
+		t.Fatalf("Start with queue 1 of 2 unserved: %v", err)
+	}
+	_, err = Start(EngineConfig{Kernel: newFakeKernel(), Log: quietLog(), Conntrack: conntrack.Config{Capacity: 1024},
+		Interfaces: []InterfaceConfig{{Name: "missing", Socket: afxdp.DefaultConfig()}}})
+	if err == nil || !strings.Contains(err.Error(), "missing") {
+		t.Fatalf("Start on a missing interface: %v", err)
+	}
+}
+
+func TestMixedFrameSizesRefused(t *testing.T) {
+	k := newFakeKernel()
+	k.addLink("a", 1, "198.18.0.1")
+	k.addLink("b", 1, "198.18.1.1")
+	big := afxdp.DefaultConfig()
+	big.FrameSize = 4096
+	_, err := Start(EngineConfig{Kernel: k, Log: quietLog(), Conntrack: conntrack.Config{Capacity: 1024},
+		Interfaces: []InterfaceConfig{{Name: "a", Socket: afxdp.DefaultConfig()}, {Name: "b", Socket: big}}})
+	if err == nil || !strings.Contains(err.Error(), "frame size") {
+		t.Fatalf("mixed frame sizes: %v", err)
+	}
+}
+
+// TestPublishFailureIsReturnedAndRetried: a table the XDP maps refuse is
+// an error for the caller, and the next Publish programs the maps again
+// even if the table is unchanged.
+func TestPublishFailureIsReturnedAndRetried(t *testing.T) {
+	fn := startFakeNode(t, 1, nil)
+	tbl := service.Compile(testModel(), service.CompileOptions{})
+	fn.k.faults.setTables = 1
+	if err := fn.e.Publish(tbl); err == nil {
+		t.Fatal("Publish succeeded although SetTables failed")
+	}
+	before := fn.k.tables.sets
+	if err := fn.e.Publish(tbl); err != nil {
+		t.Fatal(err)
+	}
+	if fn.k.tables.sets != before+1 {
+		t.Errorf("the maps were not programmed again after a failure")
+	}
+}
+
+// TestReconcileRestoresAndRemovesTuples: the flow reconciler deletes
+// tuples of flows conntrack no longer has and writes back the tuples of
+// live flows missing from the map.
+func TestReconcileRestoresAndRemovesTuples(t *testing.T) {
+	fn := startFakeNode(t, 1, nil)
+	fn.inject(t, fn.n0, 0, frame(t, packet.ProtoUDP, podA, addr("198.19.0.20"), 7300, 53, 0, nil))
+	p := parse(t, fn.sent(t, fn.n1, 1)[0])
+	live := xdp.FlowKey(p.Tuple().Reverse())
+	stale := xdp.FlowKey{Src: addr("198.18.1.13"), Dst: podA, SrcPort: 5353, DstPort: 9999, Proto: packet.ProtoUDP}
+	fn.k.tables.mu.Lock()
+	delete(fn.k.tables.flows, live)
+	fn.k.tables.flows[stale] = true
+	fn.k.tables.mu.Unlock()
+	removed, restored, err := fn.e.reconcileOnce()
+	if err != nil || removed != 1 || restored != 1 {
+		t.Fatalf("reconcile: removed %d, restored %d, %v; want 1 and 1", removed, restored, err)
+	}
+	if !fn.k.tables.hasFlow(live) || fn.k.tables.hasFlow(stale) {
+		t.Error("the flow map does not match conntrack after reconciling")
+	}
+}

@@ -1,0 +1,113 @@
+package dataplane
+
+import (
+	"errors"
+	"net"
+	"time"
+
+	"github.com/xdproxy/xdproxy/nat/packet"
+	"github.com/xdproxy/xdproxy/xdp"
+	"github.com/xdproxy/xdproxy/xdp/afxdp"
+)
+
+// The engine reaches the kernel only through the interfaces in this file.
+// NewKernel returns the real one (XDP programs, AF_XDP sockets, BPF maps,
+// netlink); the tests give the engine and its workers fakes that keep
+// everything in memory, and faulty versions of those that fail on demand,
+// so that the batch loop and the failure paths run without privileges.
+
+// Socket is one AF_XDP socket as a worker drives it. *afxdp.Socket is the
+// real one; its documentation gives the meaning of each method. A Socket
+// is used by one goroutine at a time (see Port for who that is).
+type Socket interface {
+	Receive(descs []afxdp.Desc) int
+	Frame(d afxdp.Desc) []byte
+	Transmit(descs []afxdp.Desc) int
+	Complete() int
+	Refill() int
+	Alloc() (afxdp.Desc, bool)
+	Release(d afxdp.Desc)
+	// Wait sleeps until frames arrive or timeout passes.
+	Wait(timeout time.Duration) (bool, error)
+	Stats() (afxdp.Stats, error)
+	FD() int
+	Close() error
+}
+
+// Link is what the engine knows of one interface.
+type Link struct {
+	Name  string
+	Index int
+	MAC   net.HardwareAddr
+	// Queues is the number of receive queues (channels) in use now,
+	// which an ethtool -L changes; not the number the device could have.
+	Queues int
+	// Addrs are its IPv4 and IPv6 addresses, link-local ones excluded.
+	Addrs []packet.Addr
+}
+
+// Attachment is the XDP program attached to one interface.
+type Attachment interface {
+	// RegisterSocket makes the program redirect the frames of queue
+	// into the socket fd.
+	RegisterSocket(queue, fd int) error
+	UnregisterSocket(queue int) error
+	// Mode is the mode the program runs in.
+	Mode() xdp.Mode
+	// Close detaches the program.
+	Close() error
+}
+
+// FlowWriter buffers reply tuples for the XDP program and writes them
+// with one system call per Flush; see xdp.FlowWriter. One per worker.
+type FlowWriter interface {
+	Add(reply xdp.FlowKey) bool
+	// Flush writes what Add buffered, in order, and says how many were
+	// written; on error the rest were not.
+	Flush() (int, error)
+}
+
+// Tables are the XDP program's tables that every interface shares.
+// *xdp.Objects is the real one.
+type Tables interface {
+	// SetTables makes the program claim exactly these frontends and VIP
+	// addresses.
+	SetTables(frontends []xdp.Key, vips []packet.Addr) error
+	NewFlowWriter(capacity int) FlowWriter
+	DeleteFlows(keys []xdp.FlowKey) error
+	ForEachFlow(fn func(xdp.FlowKey) bool) error
+	Counters() (xdp.Counters, error)
+}
+
+// Kernel is everything the engine asks of the kernel.
+type Kernel interface {
+	// Link describes the interface name; ErrNoLink when there is none.
+	Link(name string) (Link, error)
+	// WatchLinks calls changed (from another goroutine) whenever an
+	// interface may have come, gone or changed its queues, until stop
+	// is called.
+	WatchLinks(changed func()) (stop func(), err error)
+	// SetChannels sets the number of receive and transmit queues of an
+	// interface (ethtool -L).
+	SetChannels(name string, queues int) error
+	// Attach attaches the XDP program to an interface.
+	Attach(ifindex int, mode xdp.Mode) (Attachment, error)
+	// OpenSocket opens an AF_XDP socket on one queue of an interface.
+	OpenSocket(ifindex, queue int, cfg afxdp.Config) (Socket, error)
+	// ExceptionLink makes sure the veth pair through which frames are
+	// handed to the kernel's stack exists and is set up, and returns
+	// its kernel end (frames arrive there as if received from a NIC)
+	// and xdproxy's end (where a socket transmits them).
+	ExceptionLink(name string) (kernelEnd, xdproxyEnd Link, err error)
+	// Tables are the program's shared tables.
+	Tables() Tables
+	// Resolver finds next hops through the named interfaces.
+	Resolver() Resolver
+	// Close releases what the Kernel holds (tables, route cache). It
+	// does not remove the exception link, which outlives restarts.
+	Close() error
+}
+
+// ErrNoLink is returned by Kernel.Link for an interface that does not
+// exist.
+var ErrNoLink = errors.New("dataplane: no such interface")
