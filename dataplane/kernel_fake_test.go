@@ -201,7 +201,7 @@ func (s *fakeSocket) Wait(timeout time.Duration) (bool, error) {
 }
 
 func (s *fakeSocket) Stats() (afxdp.Stats, error) { return afxdp.Stats{}, nil }
-func (s *fakeSocket) FD() int                      { return s.fd }
+func (s *fakeSocket) FD() int                     { return s.fd }
 
 func (s *fakeSocket) Close() error {
 	s.mu.Lock()

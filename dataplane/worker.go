@@ -76,10 +76,10 @@ type Worker struct {
 	// snapshot eg when it changes: route[i] is for eg.ifaces[i].
 	eg         *egress
 	route      []egressSlot
-	crossPorts []*Port         // ports other than its own it transmits into
-	cross      [][]afxdp.Desc  // frames pending for crossPorts[i]
-	kernel     int             // index into crossPorts of the exception port, -1 none
-	kernelMAC  [6]byte         // destination MAC of frames for the kernel
+	crossPorts []*Port        // ports other than its own it transmits into
+	cross      [][]afxdp.Desc // frames pending for crossPorts[i]
+	kernel     int            // index into crossPorts of the exception port, -1 none
+	kernelMAC  [6]byte        // destination MAC of frames for the kernel
 	batch      batchCounters
 }
 
