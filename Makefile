@@ -6,18 +6,38 @@ GO        ?= go
 BIN       := $(CURDIR)/bin
 KUBE_BIN  := $(CURDIR)/build/kube/bin
 GOFLAGS   ?=
+# VERSION is stamped into the binaries (`xdproxy version`) and tags the image:
+# the nearest tag, or the commit when there is no tag, with -dirty for
+# uncommitted changes; "dev" where git or its history is missing.
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+VERSION   := $(VERSION)
+LDFLAGS   := -X main.version=$(VERSION)
+# The container image `make image` writes; deploy/daemonset.yaml runs $(IMAGE):latest.
+IMAGE     ?= ghcr.io/xdproxy/xdproxy
+IMAGE_ARCH ?= $(shell $(GO) env GOARCH)
+IMAGE_TAR := $(BIN)/xdproxy-image.tar
 # Debian packages the tests, the demo and the benchmark use.
 DEB_PKGS  := iproute2 iperf3 curl ethtool iptables nftables tcpdump procps
 DEB_BINS  := ip iperf3 curl ethtool iptables nft tcpdump ps
 
 export XDPROXY_KUBE_BIN := $(KUBE_BIN)
 
-.PHONY: all build test test-unit test-race bench bench-quick lint demo generate kube-tools deps fuzz clean
+.PHONY: all build image test test-unit test-race bench bench-quick lint demo generate kube-tools deps fuzz clean
 
 all: build
 
 build:
-	$(GO) build -o $(BIN)/ ./cmd/... ./bench/cmd/...
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/... ./bench/cmd/...
+
+# image writes the container image the DaemonSet runs: a static xdproxy and
+# nothing else, tagged $(IMAGE):$(VERSION) and $(IMAGE):latest, as one tarball
+# for `docker load -i`, `podman load -i` or `ctr -n k8s.io images import`.
+# No container engine is needed: internal/tools/mkimage writes the tarball.
+image:
+	CGO_ENABLED=0 GOOS=linux GOARCH=$(IMAGE_ARCH) $(GO) build -trimpath -ldflags "$(LDFLAGS)" \
+		-o $(BIN)/image/linux-$(IMAGE_ARCH)/xdproxy ./cmd/xdproxy
+	env -u GOOS -u GOARCH $(GO) run ./internal/tools/mkimage -binary $(BIN)/image/linux-$(IMAGE_ARCH)/xdproxy \
+		-arch $(IMAGE_ARCH) -tag $(IMAGE):$(VERSION) -tag $(IMAGE):latest -o $(IMAGE_TAR)
 
 # deps installs missing Debian packages (only when one is missing, so a
 # machine that has them needs no network).

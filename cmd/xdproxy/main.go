@@ -14,6 +14,8 @@ const usage = `usage:
   xdproxy version
 `
 
+// version is what `xdproxy version` prints: `make build` and `make image` set it
+// to git describe's answer with -ldflags "-X main.version=$(VERSION)".
 var version = "dev"
 
 func main() {
