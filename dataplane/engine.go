@@ -48,6 +48,11 @@ type EngineConfig struct {
 	// AffinityCapacity sizes the session-affinity table.
 	AffinityCapacity int
 	SNATPorts        conntrack.PortRange
+	// ReserveSNATPorts lets SNATPorts overlap the kernel's ephemeral port
+	// range by reserving them (ip_local_reserved_ports). Without it an
+	// overlap is an error: a masqueraded flow and a connection of the
+	// node's own could then have the same reply tuple.
+	ReserveSNATPorts bool
 	// SNATAddress4 overrides the masquerade source of IPv4 flows; zero
 	// means the address of the interface the flow leaves through.
 	SNATAddress4 packet.Addr
@@ -82,6 +87,11 @@ type Engine struct {
 
 	publishMu  sync.Mutex
 	programmed bool // the XDP maps hold the current table's keys
+
+	// gone carries the reply tuples of flows that left conntrack to the
+	// janitor, which deletes them from the XDP flow table.
+	gone        chan xdp.FlowKey
+	goneDropped atomic.Uint64 // tuples the full channel lost (the reconciler deletes them)
 
 	wg        sync.WaitGroup
 	errs      chan error
@@ -123,7 +133,9 @@ func Start(cfg EngineConfig) (_ *Engine, err error) {
 		cfg.LinkCheckInterval = 2 * time.Second
 	}
 	e := &Engine{cfg: cfg, log: cfg.Log, k: cfg.Kernel, tables: cfg.Kernel.Tables(),
-		errs: make(chan error, 64), stop: make(chan struct{}), kick: make(chan struct{}, 1)}
+		errs: make(chan error, 64), stop: make(chan struct{}), kick: make(chan struct{}, 1),
+		gone: make(chan xdp.FlowKey, 4096)}
+	cfg.Conntrack.OnRemove = e.flowGone
 	defer func() {
 		if err != nil {
 			e.Close()
@@ -137,6 +149,9 @@ func Start(cfg EngineConfig) (_ *Engine, err error) {
 		capAff = 65536
 	}
 	e.aff = service.NewAffinity(capAff)
+	if err := e.checkSNATPorts(); err != nil {
+		return nil, err
+	}
 	e.services.Store(service.Compile(&service.Model{}, service.CompileOptions{}))
 	e.addrs.Store(&nodeAddrs{byIfindex: map[int][]packet.Addr{}, all: map[packet.Addr]bool{}})
 
@@ -172,16 +187,48 @@ func Start(cfg EngineConfig) (_ *Engine, err error) {
 	if e.stopWatch, err = e.k.WatchLinks(e.kickReconcile); err != nil {
 		return nil, err
 	}
-	e.wg.Add(2)
+	e.wg.Add(3)
 	go func() {
 		defer e.wg.Done()
 		e.followLinks()
 	}()
 	go func() {
 		defer e.wg.Done()
+		e.deleteGoneFlows()
+	}()
+	go func() {
+		defer e.wg.Done()
 		e.reconcileFlows()
 	}()
 	return e, nil
+}
+
+// checkSNATPorts makes sure the SNAT ports are no ports the kernel gives
+// the node's own connections.
+func (e *Engine) checkSNATPorts() error {
+	r := e.cfg.SNATPorts
+	if r.First == 0 {
+		return nil
+	}
+	eph, err := e.k.LocalPortRange()
+	if err != nil {
+		return fmt.Errorf("reading the ephemeral port range: %w", err)
+	}
+	if r.Last < eph.First || r.First > eph.Last {
+		return nil
+	}
+	if !e.cfg.ReserveSNATPorts {
+		return fmt.Errorf("masquerade.portRange %d-%d overlaps net.ipv4.ip_local_port_range %d-%d, where the node's "+
+			"own connections take their ports: choose SNAT ports outside it (the default 61000-65535 is), or set "+
+			"masquerade.reservePorts to reserve them with net.ipv4.ip_local_reserved_ports",
+			r.First, r.Last, eph.First, eph.Last)
+	}
+	if err := e.k.ReservePorts(r); err != nil {
+		return fmt.Errorf("reserving SNAT ports %d-%d: %w", r.First, r.Last, err)
+	}
+	e.log.Info("SNAT ports reserved from the kernel's ephemeral range", "snat", fmt.Sprintf("%d-%d", r.First, r.Last),
+		"ephemeral", fmt.Sprintf("%d-%d", eph.First, eph.Last))
+	return nil
 }
 
 // openKernelPort sets up the exception link and a socket on xdproxy's
@@ -696,6 +743,52 @@ func (e *Engine) Close() error {
 	}
 	errs = append(errs, e.k.Close())
 	return errors.Join(errs...)
+}
+
+// flowGone is conntrack's OnRemove: it runs on whichever goroutine removed
+// the flow (a worker's sweep or insert), so it only queues the tuple.
+func (e *Engine) flowGone(_, reply packet.Tuple) {
+	select {
+	case e.gone <- xdp.FlowKey(reply):
+	default:
+		e.goneDropped.Add(1)
+	}
+}
+
+// deleteGoneFlows deletes the reply tuples of ended flows from the XDP flow
+// table, in batches, so that a later connection with the same tuple that is
+// not xdproxy's (the node's own, a client talking to a pod directly)
+// reaches the kernel. A tuple that a new flow took meanwhile is kept.
+func (e *Engine) deleteGoneFlows() {
+	const most = 256
+	batch := make([]xdp.FlowKey, 0, most)
+	for {
+		select {
+		case <-e.stop:
+			return
+		case k := <-e.gone:
+			batch = append(batch[:0], k)
+		}
+	more:
+		for len(batch) < most {
+			select {
+			case k := <-e.gone:
+				batch = append(batch, k)
+			default:
+				break more
+			}
+		}
+		now := monotonicNow()
+		keep := batch[:0]
+		for _, k := range batch {
+			if _, _, live := e.ct.Lookup(packet.Tuple(k), now); !live {
+				keep = append(keep, k)
+			}
+		}
+		if err := e.tables.DeleteFlows(keep); err != nil {
+			e.log.Warn("deleting ended flows from the XDP flow table", "err", err)
+		}
+	}
 }
 
 // reconcileInterval is how often the XDP flow map is compared with the

@@ -384,3 +384,45 @@ func TestReconcileRestoresAndRemovesTuples(t *testing.T) {
 		t.Error("the flow map does not match conntrack after reconciling")
 	}
 }
+
+// TestEndedFlowLeavesTheFlowTable: when conntrack drops a flow, its reply
+// tuple leaves the XDP flow table soon after, so a later connection with
+// the same tuple that is not xdproxy's reaches the kernel.
+func TestEndedFlowLeavesTheFlowTable(t *testing.T) {
+	fn := startFakeNode(t, 1, nil)
+	fn.inject(t, fn.n0, 0, frame(t, packet.ProtoUDP, podA, addr("198.19.0.20"), 7400, 53, 0, nil))
+	p := parse(t, fn.sent(t, fn.n1, 1)[0])
+	reply := xdp.FlowKey(p.Tuple().Reverse())
+	if !fn.k.tables.hasFlow(reply) {
+		t.Fatal("reply tuple not published")
+	}
+	if n := fn.e.Conntrack().DeleteByBackend(p.Dst, p.DstPort, packet.ProtoUDP); n != 1 {
+		t.Fatalf("deleted %d flows, want 1", n)
+	}
+	await(t, "the tuple to leave the flow table", func() bool { return !fn.k.tables.hasFlow(reply) })
+}
+
+// TestSNATPortsMustNotOverlapEphemeral: SNAT ports inside the kernel's
+// ephemeral range are refused, naming both ranges, unless reserving them
+// is allowed; the default range works on a stock node.
+func TestSNATPortsMustNotOverlapEphemeral(t *testing.T) {
+	k := newFakeKernel()
+	_, err := Start(EngineConfig{Kernel: k, Log: quietLog(), Conntrack: conntrack.Config{Capacity: 1024},
+		SNATPorts: conntrack.PortRange{First: 32768, Last: 60999}})
+	if err == nil || !strings.Contains(err.Error(), "32768-60999 overlaps net.ipv4.ip_local_port_range 32768-60999") {
+		t.Fatalf("overlapping SNAT range: %v", err)
+	}
+	k = newFakeKernel()
+	k.addLink("n0", 1, "198.18.0.1")
+	e, err := Start(EngineConfig{Kernel: k, Log: quietLog(), Conntrack: conntrack.Config{Capacity: 1024},
+		Interfaces: []InterfaceConfig{{Name: "n0", Socket: afxdp.DefaultConfig()}},
+		SNATPorts:  conntrack.PortRange{First: 40000, Last: 49999}, ReserveSNATPorts: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Close()
+	if want := (conntrack.PortRange{First: 40000, Last: 49999}); len(k.reserved) != 1 || k.reserved[0] != want {
+		t.Errorf("reserved %v, want [%v]", k.reserved, want)
+	}
+	startFakeNode(t, 1, nil) // 61000-65535 on 32768-60999: fine
+}

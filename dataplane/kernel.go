@@ -5,6 +5,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/xdproxy/xdproxy/nat/conntrack"
 	"github.com/xdproxy/xdproxy/nat/packet"
 	"github.com/xdproxy/xdproxy/xdp"
 	"github.com/xdproxy/xdproxy/xdp/afxdp"
@@ -99,6 +100,13 @@ type Kernel interface {
 	// its kernel end (frames arrive there as if received from a NIC)
 	// and xdproxy's end (where a socket transmits them).
 	ExceptionLink(name string) (kernelEnd, xdproxyEnd Link, err error)
+	// LocalPortRange is the kernel's ephemeral port range
+	// (net.ipv4.ip_local_port_range), where the node's own connections
+	// take their source ports.
+	LocalPortRange() (conntrack.PortRange, error)
+	// ReservePorts adds r to net.ipv4.ip_local_reserved_ports, so the
+	// kernel never picks those ports for the node's own connections.
+	ReservePorts(r conntrack.PortRange) error
 	// Tables are the program's shared tables.
 	Tables() Tables
 	// Resolver finds next hops through the named interfaces.

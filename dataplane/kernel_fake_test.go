@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/xdproxy/xdproxy/nat/conntrack"
 	"github.com/xdproxy/xdproxy/nat/packet"
 	"github.com/xdproxy/xdproxy/xdp"
 	"github.com/xdproxy/xdproxy/xdp/afxdp"
@@ -358,12 +359,15 @@ type fakeKernel struct {
 	resolver   *fakeResolver
 	faults     fakeFaults
 	closed     bool
+	ephemeral  conntrack.PortRange
+	reserved   []conntrack.PortRange
 }
 
 func newFakeKernel() *fakeKernel {
 	k := &fakeKernel{links: map[string]Link{}, nextIndex: 1, attached: map[int]*fakeAttachment{},
 		registered: map[[2]int]int{}, sockets: map[[2]int]*fakeSocket{}, nextFD: 100,
-		resolver: &fakeResolver{hops: map[packet.Addr]NextHop{}}}
+		resolver:  &fakeResolver{hops: map[packet.Addr]NextHop{}},
+		ephemeral: conntrack.PortRange{First: 32768, Last: 60999}}
 	k.tables = &fakeTables{k: k, flows: map[xdp.FlowKey]bool{}}
 	return k
 }
@@ -510,6 +514,15 @@ func (k *fakeKernel) ExceptionLink(name string) (Link, Link, error) {
 		xe = k.addLink(xdproxyEndName(name), 1)
 	}
 	return ke, xe, nil
+}
+
+func (k *fakeKernel) LocalPortRange() (conntrack.PortRange, error) { return k.ephemeral, nil }
+
+func (k *fakeKernel) ReservePorts(r conntrack.PortRange) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.reserved = append(k.reserved, r)
+	return nil
 }
 
 func (k *fakeKernel) Tables() Tables     { return k.tables }

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/xdproxy/xdproxy/dataplane/route"
+	"github.com/xdproxy/xdproxy/nat/conntrack"
 	"github.com/xdproxy/xdproxy/nat/packet"
 	"github.com/xdproxy/xdproxy/xdp"
 	"github.com/xdproxy/xdproxy/xdp/afxdp"
@@ -308,6 +309,44 @@ func readSysctl(key string) (string, error) {
 
 func writeSysctl(key, v string) error {
 	return os.WriteFile(filepath.Join("/proc/sys", key), []byte(v), 0)
+}
+
+func (k *xdpKernel) LocalPortRange() (conntrack.PortRange, error) {
+	var r conntrack.PortRange
+	err := k.inNS(func() error {
+		v, err := readSysctl("net/ipv4/ip_local_port_range")
+		if err != nil {
+			return err
+		}
+		var lo, hi uint16
+		if _, err := fmt.Sscan(v, &lo, &hi); err != nil {
+			return fmt.Errorf("net.ipv4.ip_local_port_range %q: %w", strings.TrimSpace(v), err)
+		}
+		r = conntrack.PortRange{First: lo, Last: hi}
+		return nil
+	})
+	return r, err
+}
+
+func (k *xdpKernel) ReservePorts(r conntrack.PortRange) error {
+	return k.inNS(func() error {
+		const key = "net/ipv4/ip_local_reserved_ports"
+		v, err := readSysctl(key)
+		if err != nil {
+			return err
+		}
+		ours := fmt.Sprintf("%d-%d", r.First, r.Last)
+		have := strings.TrimSpace(v)
+		for _, part := range strings.Split(have, ",") {
+			if part == ours {
+				return nil
+			}
+		}
+		if have != "" {
+			ours = have + "," + ours
+		}
+		return writeSysctl(key, ours)
+	})
 }
 
 func (k *xdpKernel) Tables() Tables { return xdpTables{k.objs} }
