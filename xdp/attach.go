@@ -3,6 +3,8 @@ package xdp
 import (
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -51,6 +53,10 @@ type Attachment struct {
 	mode   Mode // the mode in effect, never Auto
 	link   link.Link
 	inst   *instance
+	pin    string // where the link is pinned; "" when it is not
+	// adopted says the link was found pinned by an earlier process and
+	// now runs this Attachment's program.
+	adopted bool
 }
 
 // Attach loads a program for the interface ifindex and attaches it in the
@@ -58,18 +64,34 @@ type Attachment struct {
 // or killed xdproxy is detached first; any other program makes Attach fail
 // with ErrForeignProgram. The calling thread must be in the interface's
 // network namespace.
+//
+// With Options.PinDir the link is pinned, and a link an earlier process
+// pinned for this interface is adopted: the new program replaces the old
+// one in place (an atomic swap in the kernel, no moment without a
+// program), so frames keep being classified across a restart.
 func (o *Objects) Attach(ifindex int, mode Mode) (*Attachment, error) {
 	l, err := netlink.LinkByIndex(ifindex)
 	if err != nil {
 		return nil, fmt.Errorf("xdp: interface %d: %w", ifindex, err)
 	}
 	attrs := l.Attrs()
-	if err := removeStale(l); err != nil {
-		return nil, err
-	}
 	queues := max(attrs.NumRxQueues, 1)
 	inst, err := o.newInstance(queues)
 	if err != nil {
+		return nil, err
+	}
+	var pin string
+	if o.opts.PinDir != "" {
+		pin = filepath.Join(o.opts.PinDir, "link-"+attrs.Name)
+		if a, err := adoptPinned(pin, l, inst); a != nil || err != nil {
+			if err != nil {
+				inst.close()
+			}
+			return a, err
+		}
+	}
+	if err := removeStale(l); err != nil {
+		inst.close()
 		return nil, err
 	}
 
@@ -91,12 +113,52 @@ func (o *Objects) Attach(ifindex int, mode Mode) (*Attachment, error) {
 		}
 		lk, err := link.AttachXDP(link.XDPOptions{Program: inst.prog, Interface: ifindex, Flags: flags})
 		if err == nil {
-			return &Attachment{ifname: attrs.Name, mode: m, link: lk, inst: inst}, nil
+			a := &Attachment{ifname: attrs.Name, mode: m, link: lk, inst: inst}
+			if pin != "" {
+				if err := lk.Pin(pin); err != nil {
+					a.Close()
+					return nil, fmt.Errorf("xdp: pinning the link of %s: %w", attrs.Name, err)
+				}
+				a.pin = pin
+			}
+			return a, nil
 		}
 		errs = append(errs, fmt.Errorf("%v: %w", m, err))
 	}
 	inst.close()
 	return nil, fmt.Errorf("xdp: attaching to %s: %w", attrs.Name, errors.Join(errs...))
+}
+
+// adoptPinned takes over the link pinned at pin if it is an XDP link on l,
+// giving it inst's program. A pinned link of another interface (l was
+// deleted and created again) is unpinned, which detaches it; then
+// adoptPinned returns nil and the caller attaches afresh.
+func adoptPinned(pin string, l netlink.Link, inst *instance) (*Attachment, error) {
+	lk, err := link.LoadPinnedLink(pin, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		os.Remove(pin)
+		return nil, nil
+	}
+	attrs := l.Attrs()
+	info, err := lk.Info()
+	if err == nil && info.Type == link.XDPType && info.XDP() != nil && int(info.XDP().Ifindex) == attrs.Index {
+		if err := lk.Update(inst.prog); err != nil {
+			lk.Close()
+			return nil, fmt.Errorf("xdp: giving the pinned link of %s the new program: %w", attrs.Name, err)
+		}
+		mode := Native
+		if x := attrs.Xdp; x != nil && x.AttachMode == nl.XDP_ATTACHED_SKB {
+			mode = Generic
+		}
+		return &Attachment{ifname: attrs.Name, mode: mode, link: lk, inst: inst, pin: pin, adopted: true}, nil
+	}
+	// Not this interface's any more.
+	lk.Unpin()
+	lk.Close()
+	return nil, nil
 }
 
 // removeStale detaches our program if netlink shows it attached to l.
@@ -179,7 +241,22 @@ func (a *Attachment) UnregisterSocket(queue int) error {
 	return nil
 }
 
-// Close detaches the program from the interface and unloads it.
+// Adopted reports whether Attach took over a link an earlier process
+// pinned.
+func (a *Attachment) Adopted() bool { return a.adopted }
+
+// Close releases the program. An unpinned one is detached; a pinned one
+// stays attached, running, for the next process to adopt.
 func (a *Attachment) Close() error {
 	return errors.Join(a.link.Close(), a.inst.close())
+}
+
+// Detach removes the program from the interface, pinned or not.
+func (a *Attachment) Detach() error {
+	var err error
+	if a.pin != "" {
+		err = a.link.Unpin()
+		a.pin = ""
+	}
+	return errors.Join(err, a.Close())
 }

@@ -24,8 +24,20 @@
 // the program with the last file descriptor. Attach also replaces a
 // program of ours that an older xdproxy left attached through netlink, and
 // refuses to touch anyone else's. Close every Attachment, and stop using
-// every FlowWriter, before closing the Objects. Attach must run on a thread in the network namespace of the
-// interface.
+// every FlowWriter, before closing the Objects. Attach must run on a thread
+// in the network namespace of the interface.
+//
+// Restarts. With Options.PinDir (a directory on a bpffs) the tables and
+// each interface's link are pinned, so they outlive the process: while
+// xdproxy restarts, the program keeps claiming its frames (and drops them,
+// having no socket to give them to, rather than let the kernel reset the
+// connections). The next Load adopts every pinned table whose layout
+// still matches (Adopted; a table of another size or version is replaced),
+// and the next Attach adopts the interface's pinned link and swaps its own
+// program in without a moment's gap. Close then leaves the program
+// attached; Detach and RemovePins are what removes it (xdproxy cleanup). A
+// link pinned for an interface that has since been deleted and created
+// again is dropped, not adopted.
 //
 // Objects and Attachment methods may be called from several goroutines;
 // SetTables calls are serialised. A FlowWriter belongs to one goroutine;

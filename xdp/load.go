@@ -3,10 +3,13 @@ package xdp
 import (
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sync"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
+	"golang.org/x/sys/unix"
 )
 
 // ProgramName is the kernel name of xdproxy's XDP program, by which Attach
@@ -34,6 +37,11 @@ type Options struct {
 	// MaxFragments bounds the datagrams whose later fragments the program
 	// follows at once; the least recently used is forgotten first.
 	MaxFragments int
+	// PinDir, when set, is a directory on a bpffs where the tables and
+	// every interface's link are pinned, so that they outlive the process:
+	// the program keeps classifying frames while xdproxy restarts, and
+	// the next Load and Attach adopt what they find there (see doc.go).
+	PinDir string
 }
 
 func (o Options) withDefaults() Options {
@@ -62,6 +70,86 @@ type Objects struct {
 
 	mu    sync.Mutex  // serialises SetTables
 	state *tableState // nil: read the maps back before the next sync
+
+	// adopted counts the tables Load found pinned by an earlier process
+	// and took over.
+	adopted int
+}
+
+// Adopted reports how many of the shared tables Load took over from an
+// earlier process through PinDir (0: they are new).
+func (o *Objects) Adopted() int { return o.adopted }
+
+// newMap creates the table name, or with PinDir adopts the one pinned
+// there. A pinned table whose layout differs (another version, other
+// sizes) is replaced: adopted reports false.
+func (o *Objects) newMap(name string) (m *ebpf.Map, adopted bool, err error) {
+	spec := o.spec.Maps[name]
+	if o.opts.PinDir == "" {
+		m, err = ebpf.NewMap(spec)
+		return m, false, err
+	}
+	path := filepath.Join(o.opts.PinDir, name)
+	if old, err := ebpf.LoadPinnedMap(path, nil); err == nil {
+		info, ierr := old.Info()
+		if ierr == nil && info.Type == spec.Type && info.KeySize == spec.KeySize &&
+			info.ValueSize == spec.ValueSize && info.MaxEntries == spec.MaxEntries {
+			return old, true, nil
+		}
+		old.Close()
+		if err := os.Remove(path); err != nil {
+			return nil, false, fmt.Errorf("replacing pinned %s of another layout: %w", path, err)
+		}
+	}
+	m, err = ebpf.NewMap(spec)
+	if err != nil {
+		return nil, false, err
+	}
+	if err := m.Pin(path); err != nil {
+		m.Close()
+		return nil, false, fmt.Errorf("pinning %s: %w", path, err)
+	}
+	return m, false, nil
+}
+
+// bpfFSMagic is BPF_FS_MAGIC, statfs(2)'s f_type of a bpffs.
+const bpfFSMagic = 0xcafe4a11
+
+// checkBPFFS makes dir (on a mounted bpffs) if it is missing.
+func checkBPFFS(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("xdp: pin directory: %w", err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("xdp: pin directory: %w", err)
+	}
+	if uint32(st.Type) != bpfFSMagic {
+		return fmt.Errorf("xdp: pin directory %s is not on a bpffs (mount -t bpf bpf %s)", dir, filepath.Dir(dir))
+	}
+	return nil
+}
+
+// RemovePins removes everything Load and Attach pinned in dir: programs
+// whose link nothing else holds are detached. For xdproxy cleanup.
+func RemovePins(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
 }
 
 // Load creates the shared tables and checks that the kernel accepts the
@@ -84,6 +172,12 @@ func Load(opts Options) (*Objects, error) {
 	spec.Maps[bpfMapFrags].MaxEntries = uint32(opts.MaxFragments)
 
 	o := &Objects{opts: opts, spec: spec, cache: btf.NewCache()}
+	if opts.PinDir != "" {
+		if err := checkBPFFS(opts.PinDir); err != nil {
+			return nil, err
+		}
+	}
+	adopted := 0
 	for name, m := range map[string]**ebpf.Map{
 		bpfMapFrontends: &o.frontends,
 		bpfMapFlows:     &o.flows,
@@ -91,15 +185,22 @@ func Load(opts Options) (*Objects, error) {
 		bpfMapAddrs:     &o.addrs,
 		bpfMapCounters:  &o.counters,
 	} {
-		if *m, err = ebpf.NewMap(spec.Maps[name]); err != nil {
+		var ok bool
+		if *m, ok, err = o.newMap(name); err != nil {
 			o.Close()
 			return nil, fmt.Errorf("xdp: creating map %s: %w", name, err)
 		}
+		if ok {
+			adopted++
+		}
 	}
-	// The maps are new and empty: nothing to read back.
-	o.state = &tableState{
-		frontends: map[bpfSvcKey]struct{}{},
-		addrs:     map[bpfAddrKey]uint32{},
+	o.adopted = adopted
+	if adopted == 0 {
+		// The maps are new and empty: nothing to read back.
+		o.state = &tableState{
+			frontends: map[bpfSvcKey]struct{}{},
+			addrs:     map[bpfAddrKey]uint32{},
+		}
 	}
 
 	inst, err := o.newInstance(1)
