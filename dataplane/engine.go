@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -56,6 +58,17 @@ type EngineConfig struct {
 	// SNATAddress4 overrides the masquerade source of IPv4 flows; zero
 	// means the address of the interface the flow leaves through.
 	SNATAddress4 packet.Addr
+	// StateDir, when set, holds the connection table and the
+	// session-affinity table as files mapped into memory
+	// (conntrack.state, affinity.state; put it on a tmpfs): the next
+	// process adopts them, so connections keep their translation and
+	// clients their backend across a restart.
+	StateDir string
+	// KeepState makes Close leave the XDP programs attached (pinned) and
+	// the connection table's state file in place, for the next process
+	// to adopt: a restart or an upgrade then breaks no connection. Without
+	// it Close detaches everything.
+	KeepState bool
 	// LinkCheckInterval is how often interfaces are looked at again
 	// without a netlink event (a NIC's channel count changes without
 	// one); 0 means 2 seconds.
@@ -93,6 +106,8 @@ type Engine struct {
 	gone        chan xdp.FlowKey
 	goneDropped atomic.Uint64 // tuples the full channel lost (the reconciler deletes them)
 
+	closeOnce sync.Once
+	closeErr  error
 	wg        sync.WaitGroup
 	errs      chan error
 	stop      chan struct{}
@@ -136,6 +151,12 @@ func Start(cfg EngineConfig) (_ *Engine, err error) {
 		errs: make(chan error, 64), stop: make(chan struct{}), kick: make(chan struct{}, 1),
 		gone: make(chan xdp.FlowKey, 4096)}
 	cfg.Conntrack.OnRemove = e.flowGone
+	if cfg.StateDir != "" {
+		if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+			return nil, fmt.Errorf("state directory: %w", err)
+		}
+		cfg.Conntrack.StatePath = filepath.Join(cfg.StateDir, conntrackStateFile)
+	}
 	defer func() {
 		if err != nil {
 			e.Close()
@@ -144,11 +165,22 @@ func Start(cfg EngineConfig) (_ *Engine, err error) {
 	if e.ct, err = conntrack.New(cfg.Conntrack); err != nil {
 		return nil, err
 	}
+	if cfg.StateDir != "" {
+		e.log.Info("connection table", "state", e.ct.Restored().String())
+	}
 	capAff := cfg.AffinityCapacity
 	if capAff == 0 {
 		capAff = 65536
 	}
-	e.aff = service.NewAffinity(capAff)
+	if cfg.StateDir != "" {
+		var res service.AffinityRestore
+		if e.aff, res, err = service.OpenAffinity(filepath.Join(cfg.StateDir, affinityStateFile), capAff); err != nil {
+			return nil, err
+		}
+		e.log.Info("session affinity table", "adopted", res.Adopted, "reason", res.Reason)
+	} else {
+		e.aff = service.NewAffinity(capAff)
+	}
 	if err := e.checkSNATPorts(); err != nil {
 		return nil, err
 	}
@@ -201,6 +233,18 @@ func Start(cfg EngineConfig) (_ *Engine, err error) {
 		e.reconcileFlows()
 	}()
 	return e, nil
+}
+
+// The state files in EngineConfig.StateDir.
+const (
+	conntrackStateFile = "conntrack.state"
+	affinityStateFile  = "affinity.state"
+)
+
+// RemoveState deletes the state files of dir (xdproxy cleanup).
+func RemoveState(dir string) error {
+	return errors.Join(conntrack.RemoveState(filepath.Join(dir, conntrackStateFile)),
+		os.Remove(filepath.Join(dir, affinityStateFile)))
 }
 
 // checkSNATPorts makes sure the SNAT ports are no ports the kernel gives
@@ -324,7 +368,7 @@ func (e *Engine) reconcileNIC(n *nic) (started []*Worker, closed []*Port, change
 	if err != nil {
 		if n.att != nil {
 			e.log.Warn("interface gone; detaching", "interface", n.cfg.Name, "err", err)
-			closed = e.detach(n)
+			closed = e.detach(n, false)
 			changed = true
 		}
 		n.problem = err.Error()
@@ -333,7 +377,7 @@ func (e *Engine) reconcileNIC(n *nic) (started []*Worker, closed []*Port, change
 	if n.att != nil && l.Index != n.link.Index {
 		e.log.Info("interface created again; attaching to the new one", "interface", n.cfg.Name,
 			"oldIndex", n.link.Index, "newIndex", l.Index)
-		closed = e.detach(n)
+		closed = e.detach(n, false)
 		changed = true
 	}
 	want, problem := wantedQueues(n.cfg.Queues, l.Queues)
@@ -345,7 +389,8 @@ func (e *Engine) reconcileNIC(n *nic) (started []*Worker, closed []*Port, change
 			return nil, closed, changed
 		}
 		n.att = att
-		e.log.Info("attached", "interface", n.cfg.Name, "ifindex", l.Index, "xdpMode", att.Mode().String())
+		e.log.Info("attached", "interface", n.cfg.Name, "ifindex", l.Index, "xdpMode", att.Mode().String(),
+			"adopted", att.Adopted())
 		changed = true
 	}
 	if !slices.Equal(n.link.Addrs, l.Addrs) || n.link.Index != l.Index {
@@ -447,15 +492,19 @@ func (e *Engine) stopPort(n *nic, w *Worker, p *Port) {
 	}
 }
 
-// detach stops everything on n and detaches its program; it returns the
-// ports to close.
-func (e *Engine) detach(n *nic) []*Port {
+// detach stops everything on n and detaches its program (keep: lets go of
+// it, attached, for the next process); it returns the ports to close.
+func (e *Engine) detach(n *nic, keep bool) []*Port {
 	for i, p := range n.ports {
 		e.stopPort(n, n.workers[i], p)
 	}
 	closed := n.ports
 	if n.att != nil {
-		if err := n.att.Close(); err != nil {
+		release := n.att.Detach
+		if keep {
+			release = n.att.Close
+		}
+		if err := release(); err != nil {
 			e.log.Warn("detaching", "interface", n.cfg.Name, "err", err)
 		}
 	}
@@ -720,13 +769,19 @@ func (e *Engine) programXDP(t *service.Table) error {
 }
 
 // Close stops the workers, detaches the programs and closes the sockets
-// and the Kernel. The exception link stays for the next run.
+// and the Kernel. The exception link stays for the next run. Close may be
+// called more than once.
 func (e *Engine) Close() error {
+	e.closeOnce.Do(func() { e.closeErr = e.close() })
+	return e.closeErr
+}
+
+func (e *Engine) close() error {
 	e.nicMu.Lock()
 	e.closing = true
 	var closed []*Port
 	for _, n := range e.nics {
-		closed = append(closed, e.detach(n)...)
+		closed = append(closed, e.detach(n, e.cfg.KeepState)...)
 	}
 	e.nicMu.Unlock()
 	if e.stopWatch != nil {
@@ -740,6 +795,17 @@ func (e *Engine) Close() error {
 	}
 	if e.kernelPort != nil {
 		errs = append(errs, e.kernelPort.close())
+	}
+	if e.ct != nil {
+		errs = append(errs, e.ct.Close())
+	}
+	if e.aff != nil {
+		errs = append(errs, e.aff.Close())
+	}
+	if e.cfg.StateDir != "" && !e.cfg.KeepState {
+		if err := RemoveState(e.cfg.StateDir); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
 	}
 	errs = append(errs, e.k.Close())
 	return errors.Join(errs...)

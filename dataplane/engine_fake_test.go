@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -425,4 +426,40 @@ func TestSNATPortsMustNotOverlapEphemeral(t *testing.T) {
 		t.Errorf("reserved %v, want [%v]", k.reserved, want)
 	}
 	startFakeNode(t, 1, nil) // 61000-65535 on 32768-60999: fine
+}
+
+// TestStateSurvivesRestart: with a state directory, a second engine
+// adopts the first one's connection and affinity tables; a masqueraded
+// flow's reply is translated by the new process exactly as by the old.
+func TestStateSurvivesRestart(t *testing.T) {
+	dir := t.TempDir()
+	k := newFakeKernel()
+	keep := func(c *EngineConfig) { c.StateDir, c.KeepState = dir, true }
+	fn := startFakeNodeOn(t, k, 1, keep)
+	fn.inject(t, fn.n0, 0, frame(t, packet.ProtoUDP, outside, addr("198.19.0.20"), 5000, 53, 0, []byte("q")))
+	out := parse(t, fn.sent(t, fn.n1, 1)[0])
+	if err := fn.e.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// The next generation, on the same kernel (whose pinned tables
+	// still hold the reply tuple).
+	k.links = map[string]Link{}
+	fn2 := startFakeNodeOn(t, k, 1, keep)
+	if got := fn2.e.Conntrack().Restored(); !got.Restored || got.Flows != 1 {
+		t.Fatalf("restored %+v, want the one flow", got)
+	}
+	r := out.Tuple().Reverse()
+	fn2.inject(t, fn2.n1, 0, frame(t, packet.ProtoUDP, r.Src, r.Dst, r.SrcPort, r.DstPort, 0, []byte("a")))
+	back := parse(t, fn2.sent(t, fn2.n0, 1)[0])
+	if back.Src != addr("198.19.0.20") || back.SrcPort != 53 || back.Dst != outside || back.DstPort != 5000 {
+		t.Fatalf("reply after restart sent as %v, want 198.19.0.20:53 -> %v:5000", back.Tuple(), outside)
+	}
+	fn2.e.Close()
+	// Without KeepState the files go.
+	fn3 := startFakeNodeOn(t, newFakeKernel(), 1, func(c *EngineConfig) { c.StateDir = dir })
+	fn3.e.Close()
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("state files left after a close without KeepState: %v", entries)
+	}
 }

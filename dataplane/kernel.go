@@ -55,8 +55,14 @@ type Attachment interface {
 	UnregisterSocket(queue int) error
 	// Mode is the mode the program runs in.
 	Mode() xdp.Mode
-	// Close detaches the program.
+	// Adopted says the program took over an attachment an earlier
+	// xdproxy left pinned (a restart).
+	Adopted() bool
+	// Close lets go of the program: a pinned one stays attached for the
+	// next process, any other is detached.
 	Close() error
+	// Detach removes the program from the interface, pinned or not.
+	Detach() error
 }
 
 // FlowWriter buffers reply tuples for the XDP program and writes them

@@ -232,6 +232,8 @@ func (a *fakeAttachment) UnregisterSocket(queue int) error {
 }
 
 func (a *fakeAttachment) Mode() xdp.Mode { return xdp.Native }
+func (a *fakeAttachment) Adopted() bool  { return false }
+func (a *fakeAttachment) Detach() error  { return a.Close() }
 
 func (a *fakeAttachment) Close() error {
 	a.k.mu.Lock()

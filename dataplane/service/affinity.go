@@ -37,6 +37,7 @@ import (
 type Affinity struct {
 	slots []affinitySlot
 	mask  uint64
+	mem   []byte // the file mapping of OpenAffinity, nil otherwise
 }
 
 // One slot is one cache line, so writers to different slots do not share
