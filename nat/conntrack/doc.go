@@ -15,36 +15,49 @@
 // no allocation; Update writes nothing when the state stays and the
 // deadline would move by less than min(1s, timeout/16), so a busy flow's
 // entry stays in the caches of both CPUs that handle its two directions.
+// UpdateTCP is Update for callers that have the TCP header
+// (ParseTCPSegment): it also tracks sequence numbers and windows (see "TCP
+// windows") at the cost of two more loads and, amortised, far less than
+// one store per packet.
 //
 // Entries store addresses and ports, never indexes into a service
 // snapshot, so flows survive snapshot swaps.
 //
 // # Memory layout
 //
-// Entries sit in one slab allocated by New: 128 bytes each (two cache
-// lines), made only of atomic.Uint64 words, so the slab has no pointers and
-// the garbage collector never scans it. The table is split into up to 64
-// shards; each shard owns a contiguous range of entries and an
+// Entries sit in one slab: 128 bytes each (two cache lines), made only of
+// atomic.Uint64 words, so the slab has no pointers and the garbage
+// collector never scans it. The words are: sequence, timer, meta (service
+// id, flags), the original key (5), the reply key (5), created (ms), and
+// one TCP window word per direction. The slab is allocated by New, or
+// mapped from the state file (see "State file"). The table is split into
+// up to 64 shards; each shard owns a contiguous range of entries and an
 // open-addressing index of at least 4 slots per entry, rounded up to a power
 // of two (64-bit words: 32 to 64 bytes per entry). A 1M-flow table takes
 // 160 bytes per flow in all (TestMemoryPerEntry). A key's hash (xxhash of the packed
 // tuple, mixed with a random per-table seed) picks the shard, the home slot
 // and a 31-bit tag. A slot is empty (0), a tombstone, or tag | direction |
 // entry index+1. A flow's entry lives in the shard of its original key; its
-// reply key is indexed in the shard its own hash picks.
+// reply key is indexed in the shard its own hash picks. Entries do not
+// keep their keys' hashes: removals and index rebuilds compute them again
+// from the keys (two xxhash calls per removed flow).
 //
 // # Who writes what
 //
 // Inserts and removals (Insert, Sweep, Delete*, evictions) take the locks
 // of the shards both keys of the flow hash to, in shard order; an eviction
 // that needs a third shard only tries its lock. Lookups never lock. Under
-// those locks a writer changes an entry's key words, meta and hashes, and
-// the index slots. The timer word (state, status bits, 16-bit generation,
-// deadline in ms) is also changed lock-free by Update, always with
-// compare-and-swap, and removal decides against Update by a
-// compare-and-swap of the timer word it inspected to zero: whoever swaps
-// first wins, so a flow refreshed at the moment the sweeper found it
-// expired survives.
+// those locks a writer changes an entry's key words, meta and created, and
+// the index slots. The timer word (state, status bits: seen reply, closer,
+// assured; 16-bit generation; deadline in ms) is also changed lock-free by
+// Update, always with compare-and-swap, and removal decides against Update
+// by a compare-and-swap of the timer word it inspected to zero: whoever
+// swaps first wins, so a flow refreshed at the moment the sweeper found it
+// expired survives. The window words are changed lock-free by UpdateTCP
+// with compare-and-swap; each carries the low 10 bits of the entry's
+// generation, so a late UpdateTCP never writes into the next flow's words.
+// Whoever swaps a timer word also moves the flow between the per-shard,
+// per-state counts (atomics; transitions are a handful per flow).
 //
 // # Why readers never see a torn entry
 //
@@ -82,7 +95,23 @@
 // may miss it; the dataplane then treats the packet as the start of a flow,
 // and Insert reports OrigExists.
 //
-// # Expiry and a full table
+// # Removal callback
+//
+// Config.OnRemove(orig, reply) is called once for every flow that leaves
+// the table: expired (Sweep; an insert that needed the key or the entry of
+// an expired flow; a flow found expired when New restores a state file),
+// early-dropped, or deleted (Delete, DeleteIf, DeleteByBackend). reply is
+// the tuple reply packets arrive with, the key of the XDP program's reply
+// map. It runs on the goroutine that removed the flow, after the removal,
+// with no shard lock held: removals copy the keys while they hold the
+// locks and call it once the locks are released. Calls from several
+// workers may overlap, so it must be safe for concurrent use, and quick:
+// it runs inside Insert and Sweep on the per-packet path. The table does
+// not allocate to call it. A removal in progress when the process dies is
+// not reported again by the next process; a dataplane that mirrors reply
+// tuples must still reconcile its map now and then.
+//
+// # Expiry, a full table and assured flows
 //
 // Expired flows are never returned. Sweep removes them incrementally: each
 // worker calls it once per batch with a small budget, and the calls share
@@ -90,28 +119,136 @@
 // capacity/budget batches without any worker stalling. An insert that needs
 // a key held by an expired flow removes that flow first.
 //
-// When the shard a new flow belongs to is full, Insert inspects the next
-// EvictionWindow entries of that shard (a rotating cursor) and reuses the
-// first expired one; failing that, it drops the oldest entry in the window
-// that never saw a reply (like netfilter's early_drop); failing that, the
-// insert fails with Full (DropConntrackFull). Capacity is per shard, so a
+// A flow is assured when it has shown it is a real connection (see the
+// next section); assured flows are never dropped to make room, like
+// netfilter's IPS_ASSURED. When the shard a new flow belongs to is full,
+// Insert inspects the next EvictionWindow entries of that shard (a
+// rotating cursor) and reuses the first expired one; failing that, it drops
+// the oldest (by creation) entry in the window that is not assured,
+// whatever its state (netfilter's early_drop: a SYN flood, unanswered UDP,
+// half-open or half-closed connections without a handshake); failing that,
+// the insert fails with Full (DropConntrackFull). Capacity is per shard, so a
 // table with many shards starts evicting a little before it is full: seen
 // at 97.9% of a 1M-flow table with 64 shards. Everything is counted; see
-// Stats.
+// Stats: EvictedExpired, EvictedUnassured and, of those, EvictedUnreplied.
 //
 // # TCP, UDP and ICMP state
 //
 // The TCP machine follows netfilter's states and default timeouts
-// (Timeouts, all configurable) but looks only at flags and direction: no
-// sequence or window tracking, so it accepts out-of-window segments and an
-// RST with any sequence number closes the flow (its entry then lives 10 s).
-// A SYN in TIME_WAIT or CLOSE restarts the flow with the same translation,
-// where netfilter would destroy it and translate afresh. A simultaneous
-// open (SYN from the reply side) is not modelled. An ACK without SYN on a
-// new flow makes it ESTABLISHED, as netfilter's tcp_loose does. UDP is
-// UDPUnreplied (30 s) until a reply passes, then UDPReplied (120 s, the
-// stream timeout); netfilter waits a little longer before it calls a flow a
-// stream. ICMP echo lives 30 s; other protocols 600 s.
+// (Timeouts, all configurable; DefaultTimeouts are netfilter's,
+// KubeProxyTimeouts add kube-proxy's 24h ESTABLISHED and 1h CLOSE_WAIT).
+// Update looks only at flags and direction; UpdateTCP also checks RST and
+// FIN against the window (next section). A SYN in TIME_WAIT or CLOSE
+// restarts the flow with the same translation, where netfilter would
+// destroy it and translate afresh; the restart clears the status bits,
+// assured included. A simultaneous open (SYN from the reply side) is not
+// modelled. An ACK without SYN on a new flow makes it ESTABLISHED, as
+// netfilter's tcp_loose does.
+//
+// A TCP flow becomes assured when it reaches ESTABLISHED with traffic seen
+// both ways: the client's final ACK after the server's SYN-ACK, or, for a
+// flow picked up mid-stream, the first packet from the other side that
+// leaves it ESTABLISHED (not a FIN or RST). Until
+// then an ESTABLISHED flow lives at most TCPUnacknowledged (300 s), as in
+// netfilter. A flow that closes before it was established (FIN in
+// SYN_RECV) is never assured.
+//
+// UDP follows nf_conntrack_proto_udp: UDPUnreplied lives UDPUnreplied
+// (udp_timeout, 30 s); the first reply makes it UDPReplied, still with
+// 30 s; once a reply has been seen, a packet (either way) that arrives more
+// than 2 s after the flow was created makes it a stream: assured, timeout
+// UDPReplied (udp_timeout_stream, 120 s). ICMP echo lives 30 s and other
+// protocols 600 s; neither is ever assured.
+//
+// # TCP windows
+//
+// UpdateTCP keeps, per direction, a word with the highest sequence end the
+// side sent (seq + payload, SYN and FIN count one), the largest window it
+// advertised outside SYNs, and its window scale option. Scaling applies
+// when both SYNs carried the option (RFC 7323). A side's SYN (the client's
+// when the flow is, again, in SYN_SENT; the server's SYN-ACK in SYN_RECV
+// if it acknowledges the client's SYN) sets its word afresh; a SYN that
+// restarts a closed flow also forgets the server's side.
+//
+// A segment from side d to side r is in the window when:
+//
+//   - d's end is known: the segment [seq, seq+len] reaches
+//     [end(d) - win(r), end(d) + win(r) + 16 KiB], where win(r) is the
+//     largest window r advertised, scaled (65535 while r has sent only a
+//     SYN or nothing). The 16 KiB allow for the stored end lagging the true
+//     one (below). This is netfilter's tcp_in_window bounds simplified to
+//     the largest window instead of the receiver's ACK + window.
+//   - d has sent nothing yet, r has: the segment must carry an ACK no
+//     further than r's end (+16 KiB) and no further behind it than
+//     max(66000, win(d)) (netfilter's MAXACKWINCONST); except that an RST
+//     without ACK is accepted once the flow is ESTABLISHED or later (a peer
+//     that lost the connection resets with seq = the ACK it received) and
+//     refused before (RFC 9293: an RST answering a SYN must acknowledge it).
+//   - neither side is known (Update was used, or the flow was just
+//     restored): every segment is.
+//
+// An RST or FIN that is not in the window is ignored: the state and the
+// deadline stay, it is counted (Stats.OutOfWindowRST, OutOfWindowFIN), and
+// UpdateTCP returns UpdateOutOfWindow so that the caller drops it
+// (DropInvalidState). Other segments are never dropped; out-of-window ones
+// are only not recorded, so a blind attacker can neither close a flow nor
+// widen its window. A recorded segment moves its side's end forward only
+// when it is more than 16 KiB past the stored end (or it is a SYN, FIN or
+// RST), and the window only when it grows, so a bulk sender writes its word
+// about once per 16 KiB (TestTCPWindowStoresAmortised); both words share the
+// cache line of the reply key that Lookup reads anyway. Use UpdateTCP for
+// every TCP packet of a table or for none: packets passed to Update are not
+// seen by the window tracking, which then falls behind.
+//
+// # State file
+//
+// With Config.StatePath the slab is a file mapped MAP_SHARED (meant for a
+// tmpfs such as /run/xdproxy), so the entries outlive the process: a
+// process that is killed, or that restarts to upgrade, leaves every flow
+// to its successor. New takes an exclusive flock on the file (a second
+// table on it gets ErrStateInUse) and reserves its blocks with fallocate,
+// so that a full tmpfs fails New rather than a later write.
+//
+// The file is a 4096-byte header followed by the entries, exactly as in
+// memory. The header holds, little-endian: magic "XDPCTST\0", layout
+// version (u32), entry size (u32), header size (u32), shard count (u32),
+// capacity (u64), the hash seed (u64), a hash of the layout description
+// (entry words, timer, key and window bit layouts, hash and shard bits),
+// the boot id, the creation time, and an xxhash checksum of all that. New
+// adopts the file only if all of it matches this table (capacity and shard
+// count are the ones Config yields) and the file has exactly the expected
+// size; the seed comes from the file. Otherwise it starts empty, recreates
+// the file, and says why in Table.Restored (RestoreInfo.Reason): no file,
+// bad magic, corrupt header, other version or layout, other capacity,
+// truncated, or written before a reboot (CLOCK_MONOTONIC restarts at
+// boot). The caller should log that loudly: every flow is lost.
+//
+// Restoring rebuilds the indexes, free lists and counts from the slab,
+// before any worker runs. An entry is adopted if its sequence is even and
+// non-zero, its timer is live with the generation of that sequence, its
+// keys are well formed, differ, sit in the right shard and are not already
+// taken, and it has not expired at Config.Clock() (default MonotonicNow).
+// Entries caught mid-write (odd sequence) are freed and counted as torn;
+// expired ones are freed and reported to OnRemove; the rest as invalid. A
+// deadline further away than this table's timeout for its state is brought
+// back to now + that timeout. Window words keep the scale and largest
+// windows, but each side's end is learnt again from its next packet. Not
+// kept: the fragment table (entries live 30 s), the counters of Stats
+// other than the flow counts, the sweep and eviction cursors. Entries are
+// never synced to disk: on tmpfs the kernel's page cache is the storage,
+// which survives the process but not the machine.
+//
+// Close unmaps the file and releases the lock; the file stays for the
+// next process. RemoveState deletes it (xdproxy cleanup). Without a state
+// file the slab is ordinary memory and Close does nothing.
+//
+// # Counters
+//
+// Stats reads atomics only: counters since New, Live, Assured and
+// Unassured, flows per state (ByState), FillRatio, evictions by kind and
+// out-of-window RST/FIN. Its flow counts include expired flows not yet
+// swept. CountByState scans the slab without locks for the flows that have
+// not expired; it is meant for an occasional scrape and stalls no worker.
 //
 // # SNAT ports
 //
@@ -119,7 +256,8 @@
 // start derived from the flow's hash and lets Insert's uniqueness of the
 // reply key decide, like netfilter's nf_nat_used_tuple: two flows can only
 // share a port if their reply tuples differ (different backend, backend
-// port or protocol).
+// port or protocol). Restored flows keep their reply keys, so their ports
+// are not handed out again.
 //
 // # Fragments
 //
@@ -132,7 +270,13 @@
 //
 // # Time
 //
-// Every method that needs the time takes now, in nanoseconds of any clock
-// that does not go backwards and stays below 2^61 (a monotonic clock, or
-// Unix time until the year 2109). Tests pass it explicitly.
+// Every method that needs the time takes now, in nanoseconds; deadlines
+// are kept in milliseconds of that clock, 41 bits of them, so now must
+// stay below 2^41 ms (69 years of the clock) and must not go backwards.
+// Tests pass it explicitly. A table with a state file must be given
+// CLOCK_MONOTONIC (MonotonicNow, as cheap as time.Since): it is the same
+// clock in every process until the machine reboots, so the deadlines a
+// process wrote stay valid for the next one. A clock that starts at zero
+// per process (time.Since of a process-local start) would make restored
+// flows live far too long or die at once.
 package conntrack

@@ -160,10 +160,12 @@ func inWindow(s State, wd, wr uint64, seg *TCPSegment) bool {
 			return true // nothing known of either side
 		}
 		if seg.Flags&packet.TCPAck == 0 {
-			// RFC 9293: in SYN-SENT an RST must acknowledge the SYN;
-			// elsewhere a peer that lost the connection resets
-			// without an ACK (seq = the ACK it received).
-			return seg.Flags&packet.TCPRst != 0 && s != TCPNone && s != TCPSynSent
+			// RFC 9293: an RST answering a SYN must acknowledge it
+			// (a client in SYN-SENT ignores one that does not), and
+			// so must one before the handshake is done; in a flow
+			// picked up mid-stream, a peer that lost the connection
+			// resets without an ACK (seq = the ACK it received).
+			return seg.Flags&packet.TCPRst != 0 && s >= TCPEstablished
 		}
 		return ackInWindow(seg.Ack, wr, wd)
 	}
