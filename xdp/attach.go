@@ -222,6 +222,9 @@ func (a *Attachment) Interface() string { return a.ifname }
 // into the AF_XDP socket fd. The socket may be replaced by registering
 // another on the same queue.
 func (a *Attachment) RegisterSocket(queue, fd int) error {
+	if a.inst.xsks == nil {
+		return fmt.Errorf("xdp: %s: the egress program takes no sockets", a.ifname)
+	}
 	if queue < 0 || uint32(queue) >= a.inst.xsks.MaxEntries() {
 		return fmt.Errorf("xdp: %s has no queue %d (has %d)", a.ifname, queue, a.inst.xsks.MaxEntries())
 	}
@@ -234,6 +237,9 @@ func (a *Attachment) RegisterSocket(queue, fd int) error {
 // UnregisterSocket stops redirecting queue's frames; they reach the kernel
 // again.
 func (a *Attachment) UnregisterSocket(queue int) error {
+	if a.inst.xsks == nil {
+		return nil
+	}
 	err := a.inst.xsks.Delete(uint32(queue))
 	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("xdp: unregistering socket of %s queue %d: %w", a.ifname, queue, err)
@@ -259,4 +265,65 @@ func (a *Attachment) Detach() error {
 		a.pin = ""
 	}
 	return errors.Join(err, a.Close())
+}
+
+// AttachEgress attaches the egress program (bpf/xdp.c, xdproxy_egress) to
+// the interface's tc egress hook through TCX. With Options.PinDir its
+// link is pinned and adopted by the next process like Attach's. The
+// Attachment has no sockets: RegisterSocket fails on it.
+func (o *Objects) AttachEgress(ifindex int) (*Attachment, error) {
+	l, err := netlink.LinkByIndex(ifindex)
+	if err != nil {
+		return nil, fmt.Errorf("xdp: interface %d: %w", ifindex, err)
+	}
+	name := l.Attrs().Name
+	inst, err := o.newEgressInstance()
+	if err != nil {
+		return nil, err
+	}
+	var pin string
+	if o.opts.PinDir != "" {
+		pin = filepath.Join(o.opts.PinDir, "egress-"+name)
+		lk, err := link.LoadPinnedLink(pin, nil)
+		if err == nil {
+			info, ierr := lk.Info()
+			if ierr == nil && info.Type == link.TCXType && info.TCX() != nil && int(info.TCX().Ifindex) == ifindex {
+				if err := lk.Update(inst.prog); err != nil {
+					lk.Close()
+					inst.close()
+					return nil, fmt.Errorf("xdp: giving the pinned egress link of %s the new program: %w", name, err)
+				}
+				return &Attachment{ifname: name, mode: Native, link: lk, inst: inst, pin: pin, adopted: true}, nil
+			}
+			lk.Unpin()
+			lk.Close()
+		} else if !errors.Is(err, os.ErrNotExist) {
+			os.Remove(pin)
+		}
+	}
+	lk, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: inst.prog, Attach: ebpf.AttachTCXEgress})
+	if err != nil {
+		inst.close()
+		return nil, fmt.Errorf("xdp: attaching the egress program to %s: %w", name, err)
+	}
+	a := &Attachment{ifname: name, mode: Native, link: lk, inst: inst}
+	if pin != "" {
+		if err := lk.Pin(pin); err != nil {
+			a.Close()
+			return nil, fmt.Errorf("xdp: pinning the egress link of %s: %w", name, err)
+		}
+		a.pin = pin
+	}
+	return a, nil
+}
+
+// SetEgressRedirect tells the egress programs where to send the replies
+// they catch: the interface ifindex (the exception link's kernel end); 0
+// makes them let everything go.
+func (o *Objects) SetEgressRedirect(ifindex int) error {
+	cfg := bpfEgressConfig{RedirectIfindex: uint32(ifindex)}
+	if err := o.egressConfig.Put(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("xdp: egress config: %w", err)
+	}
+	return nil
 }

@@ -30,8 +30,15 @@ const (
 	bpfCounterCNT_MATCH_FRAGMENT    bpfCounter = 6
 	bpfCounterCNT_MATCH_ICMP_ERROR  bpfCounter = 7
 	bpfCounterCNT_FRAG_TRACK_FAILED bpfCounter = 8
-	bpfCounterCNT_MAX               bpfCounter = 9
+	bpfCounterCNT_EGRESS_SEEN       bpfCounter = 9
+	bpfCounterCNT_EGRESS_REDIRECTED bpfCounter = 10
+	bpfCounterCNT_MAX               bpfCounter = 11
 )
+
+type bpfEgressConfig struct {
+	_               structs.HostLayout
+	RedirectIfindex uint32
+}
 
 type bpfFlowKey struct {
 	_     structs.HostLayout
@@ -64,13 +71,15 @@ type bpfSvcKey struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	bpfMapAddrs       = "addrs"
-	bpfMapCounters    = "counters"
-	bpfMapFlows       = "flows"
-	bpfMapFrags       = "frags"
-	bpfMapFrontends   = "frontends"
-	bpfMapXsks        = "xsks"
-	bpfProgXdproxyXdp = "xdproxy_xdp"
+	bpfMapAddrs          = "addrs"
+	bpfMapCounters       = "counters"
+	bpfMapEgressConfig   = "egress_config"
+	bpfMapFlows          = "flows"
+	bpfMapFrags          = "frags"
+	bpfMapFrontends      = "frontends"
+	bpfMapXsks           = "xsks"
+	bpfProgXdproxyEgress = "xdproxy_egress"
+	bpfProgXdproxyXdp    = "xdproxy_xdp"
 )
 
 // loadBpf returns the embedded CollectionSpec for bpf.
@@ -115,19 +124,21 @@ type bpfSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bpfProgramSpecs struct {
-	XdproxyXdp *ebpf.ProgramSpec `ebpf:"xdproxy_xdp"`
+	XdproxyEgress *ebpf.ProgramSpec `ebpf:"xdproxy_egress"`
+	XdproxyXdp    *ebpf.ProgramSpec `ebpf:"xdproxy_xdp"`
 }
 
 // bpfMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bpfMapSpecs struct {
-	Addrs     *ebpf.MapSpec `ebpf:"addrs"`
-	Counters  *ebpf.MapSpec `ebpf:"counters"`
-	Flows     *ebpf.MapSpec `ebpf:"flows"`
-	Frags     *ebpf.MapSpec `ebpf:"frags"`
-	Frontends *ebpf.MapSpec `ebpf:"frontends"`
-	Xsks      *ebpf.MapSpec `ebpf:"xsks"`
+	Addrs        *ebpf.MapSpec `ebpf:"addrs"`
+	Counters     *ebpf.MapSpec `ebpf:"counters"`
+	EgressConfig *ebpf.MapSpec `ebpf:"egress_config"`
+	Flows        *ebpf.MapSpec `ebpf:"flows"`
+	Frags        *ebpf.MapSpec `ebpf:"frags"`
+	Frontends    *ebpf.MapSpec `ebpf:"frontends"`
+	Xsks         *ebpf.MapSpec `ebpf:"xsks"`
 }
 
 // bpfVariableSpecs contains global variables before they are loaded into the kernel.
@@ -156,18 +167,20 @@ func (o *bpfObjects) Close() error {
 //
 // It can be passed to loadBpfObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bpfMaps struct {
-	Addrs     *ebpf.Map `ebpf:"addrs"`
-	Counters  *ebpf.Map `ebpf:"counters"`
-	Flows     *ebpf.Map `ebpf:"flows"`
-	Frags     *ebpf.Map `ebpf:"frags"`
-	Frontends *ebpf.Map `ebpf:"frontends"`
-	Xsks      *ebpf.Map `ebpf:"xsks"`
+	Addrs        *ebpf.Map `ebpf:"addrs"`
+	Counters     *ebpf.Map `ebpf:"counters"`
+	EgressConfig *ebpf.Map `ebpf:"egress_config"`
+	Flows        *ebpf.Map `ebpf:"flows"`
+	Frags        *ebpf.Map `ebpf:"frags"`
+	Frontends    *ebpf.Map `ebpf:"frontends"`
+	Xsks         *ebpf.Map `ebpf:"xsks"`
 }
 
 func (m *bpfMaps) Close() error {
 	return _BpfClose(
 		m.Addrs,
 		m.Counters,
+		m.EgressConfig,
 		m.Flows,
 		m.Frags,
 		m.Frontends,
@@ -185,11 +198,13 @@ type bpfVariables struct {
 //
 // It can be passed to loadBpfObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bpfPrograms struct {
-	XdproxyXdp *ebpf.Program `ebpf:"xdproxy_xdp"`
+	XdproxyEgress *ebpf.Program `ebpf:"xdproxy_egress"`
+	XdproxyXdp    *ebpf.Program `ebpf:"xdproxy_xdp"`
 }
 
 func (p *bpfPrograms) Close() error {
 	return _BpfClose(
+		p.XdproxyEgress,
 		p.XdproxyXdp,
 	)
 }

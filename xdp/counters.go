@@ -20,6 +20,11 @@ type Counters struct {
 	// FragTrackFailed counts first fragments whose datagram the program
 	// could not remember; their later fragments reach the kernel.
 	FragTrackFailed uint64
+
+	// EgressSeen counts packets the egress programs looked at, and
+	// EgressRedirected those they sent back to xdproxy: replies of local
+	// backends that would have left untranslated.
+	EgressSeen, EgressRedirected uint64
 }
 
 // Counters reads the counters.
@@ -35,6 +40,8 @@ func (o *Objects) Counters() (Counters, error) {
 		bpfCounterCNT_MATCH_FRAGMENT:    &c.MatchFragment,
 		bpfCounterCNT_MATCH_ICMP_ERROR:  &c.MatchICMPError,
 		bpfCounterCNT_FRAG_TRACK_FAILED: &c.FragTrackFailed,
+		bpfCounterCNT_EGRESS_SEEN:       &c.EgressSeen,
+		bpfCounterCNT_EGRESS_REDIRECTED: &c.EgressRedirected,
 	}
 	var perCPU []uint64
 	for i, f := range fields {

@@ -66,7 +66,7 @@ type Objects struct {
 	spec  *ebpf.CollectionSpec // sized; Attach loads programs from it
 	cache *btf.Cache
 
-	frontends, flows, frags, addrs, counters *ebpf.Map
+	frontends, flows, frags, addrs, counters, egressConfig *ebpf.Map
 
 	mu    sync.Mutex  // serialises SetTables
 	state *tableState // nil: read the maps back before the next sync
@@ -179,11 +179,12 @@ func Load(opts Options) (*Objects, error) {
 	}
 	adopted := 0
 	for name, m := range map[string]**ebpf.Map{
-		bpfMapFrontends: &o.frontends,
-		bpfMapFlows:     &o.flows,
-		bpfMapFrags:     &o.frags,
-		bpfMapAddrs:     &o.addrs,
-		bpfMapCounters:  &o.counters,
+		bpfMapFrontends:    &o.frontends,
+		bpfMapFlows:        &o.flows,
+		bpfMapFrags:        &o.frags,
+		bpfMapAddrs:        &o.addrs,
+		bpfMapCounters:     &o.counters,
+		bpfMapEgressConfig: &o.egressConfig,
 	} {
 		var ok bool
 		if *m, ok, err = o.newMap(name); err != nil {
@@ -209,6 +210,11 @@ func Load(opts Options) (*Objects, error) {
 		return nil, err
 	}
 	inst.close()
+	if inst, err = o.newEgressInstance(); err != nil {
+		o.Close()
+		return nil, err
+	}
+	inst.close()
 	return o, nil
 }
 
@@ -216,7 +222,7 @@ func Load(opts Options) (*Objects, error) {
 // references, so Close every Attachment first.
 func (o *Objects) Close() error {
 	var errs []error
-	for _, m := range []*ebpf.Map{o.frontends, o.flows, o.frags, o.addrs, o.counters} {
+	for _, m := range []*ebpf.Map{o.frontends, o.flows, o.frags, o.addrs, o.counters, o.egressConfig} {
 		if m != nil {
 			errs = append(errs, m.Close())
 		}
@@ -224,33 +230,54 @@ func (o *Objects) Close() error {
 	return errors.Join(errs...)
 }
 
-// instance is one loaded program with its own XSKMAP.
+// instance is one loaded program; an XDP one has its own XSKMAP.
 type instance struct {
 	prog *ebpf.Program
-	xsks *ebpf.Map
+	xsks *ebpf.Map // nil for the egress program
 }
 
-// newInstance loads a program whose XSKMAP has room for queues receive
-// queues, sharing every other map with o.
-func (o *Objects) newInstance(queues int) (*instance, error) {
+// shared are the maps every program uses in common.
+func (o *Objects) shared() map[string]*ebpf.Map {
+	return map[string]*ebpf.Map{
+		bpfMapFrontends:    o.frontends,
+		bpfMapFlows:        o.flows,
+		bpfMapFrags:        o.frags,
+		bpfMapAddrs:        o.addrs,
+		bpfMapCounters:     o.counters,
+		bpfMapEgressConfig: o.egressConfig,
+	}
+}
+
+// load loads the one program prog of the spec, sharing o's maps; queues
+// sizes its XSKMAP.
+func (o *Objects) load(prog string, queues int) (*ebpf.Collection, error) {
 	spec := o.spec.Copy()
+	for name := range spec.Programs {
+		if name != prog {
+			delete(spec.Programs, name)
+		}
+	}
 	spec.Maps[bpfMapXsks].MaxEntries = uint32(queues)
 	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{
-		MapReplacements: map[string]*ebpf.Map{
-			bpfMapFrontends: o.frontends,
-			bpfMapFlows:     o.flows,
-			bpfMapFrags:     o.frags,
-			bpfMapAddrs:     o.addrs,
-			bpfMapCounters:  o.counters,
-		},
-		Cache: o.cache,
+		MapReplacements: o.shared(),
+		Cache:           o.cache,
 	})
 	if err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
-			return nil, fmt.Errorf("xdp: kernel rejected the program: %+v", ve)
+			return nil, fmt.Errorf("xdp: kernel rejected %s: %+v", prog, ve)
 		}
-		return nil, fmt.Errorf("xdp: loading program: %w", err)
+		return nil, fmt.Errorf("xdp: loading %s: %w", prog, err)
+	}
+	return coll, nil
+}
+
+// newInstance loads an XDP program whose XSKMAP has room for queues
+// receive queues, sharing every other map with o.
+func (o *Objects) newInstance(queues int) (*instance, error) {
+	coll, err := o.load(bpfProgXdproxyXdp, queues)
+	if err != nil {
+		return nil, err
 	}
 	inst := &instance{
 		prog: coll.DetachProgram(bpfProgXdproxyXdp),
@@ -260,6 +287,21 @@ func (o *Objects) newInstance(queues int) (*instance, error) {
 	return inst, nil
 }
 
+// newEgressInstance loads the tc egress program.
+func (o *Objects) newEgressInstance() (*instance, error) {
+	coll, err := o.load(bpfProgXdproxyEgress, 1)
+	if err != nil {
+		return nil, err
+	}
+	inst := &instance{prog: coll.DetachProgram(bpfProgXdproxyEgress)}
+	coll.Close()
+	return inst, nil
+}
+
 func (i *instance) close() error {
-	return errors.Join(i.prog.Close(), i.xsks.Close())
+	err := i.prog.Close()
+	if i.xsks != nil {
+		err = errors.Join(err, i.xsks.Close())
+	}
+	return err
 }

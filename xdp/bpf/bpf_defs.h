@@ -58,10 +58,36 @@ struct xdp_md {
 	__u32 egress_ifindex;
 };
 
+/* tc verdicts (TC_ACT_*). */
+#define TC_ACT_OK 0
+#define TC_ACT_REDIRECT 7
+
+/* The context of a tc program (struct __sk_buff), up to the fields used. */
+struct __sk_buff {
+	__u32 len;
+	__u32 pkt_type;
+	__u32 mark;
+	__u32 queue_mapping;
+	__u32 protocol;
+	__u32 vlan_present;
+	__u32 vlan_tci;
+	__u32 vlan_proto;
+	__u32 priority;
+	__u32 ingress_ifindex;
+	__u32 ifindex;
+	__u32 tc_index;
+	__u32 cb[5];
+	__u32 hash;
+	__u32 tc_classid;
+	__u32 data;
+	__u32 data_end;
+};
+
 /* Helpers, by their number in enum bpf_func_id. */
 static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)1;
 static long (*bpf_map_update_elem)(void *map, const void *key, const void *value,
 				   __u64 flags) = (void *)2;
 static long (*bpf_redirect_map)(void *map, __u64 key, __u64 flags) = (void *)51;
+static long (*bpf_redirect)(__u32 ifindex, __u64 flags) = (void *)23;
 
 #endif

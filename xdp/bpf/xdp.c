@@ -119,6 +119,8 @@ enum counter {
 	CNT_MATCH_FRAGMENT,
 	CNT_MATCH_ICMP_ERROR,
 	CNT_FRAG_TRACK_FAILED,
+	CNT_EGRESS_SEEN,       /* packets the egress program looked at */
+	CNT_EGRESS_REDIRECTED, /* ... and sent back to xdproxy */
 	CNT_MAX,
 };
 
@@ -156,6 +158,19 @@ struct {
 	__type(key, struct addr_key);
 	__type(value, __u32);
 } addrs SEC(".maps");
+
+/* Where the egress program sends the replies it catches: the ifindex of
+ * the exception link's kernel end, whose peer is xdproxy's. */
+struct egress_config {
+	__u32 redirect_ifindex;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct egress_config);
+} egress_config SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -581,6 +596,54 @@ int xdproxy_xdp(struct xdp_md *ctx)
 		return redirect(ctx, CNT_MATCH_FLOW);
 	}
 	return pass(CNT_PASSED);
+}
+
+/*
+ * xdproxy_egress: a tc egress program on each served NIC. A backend that is
+ * a pod on this node receives its DNATed frames through the kernel (the
+ * exception link), so its replies leave through the kernel too; when the
+ * client keeps its address (externalTrafficPolicy Local), the kernel routes
+ * such a reply straight out of the NIC, untranslated. This program catches
+ * exactly those replies, by the same flows table, and sends them to the
+ * exception link, where xdproxy's socket on the other end receives them and
+ * a worker translates them. Every other packet leaves untouched, after one
+ * hash lookup. (Frames xdproxy itself transmits through AF_XDP do not pass
+ * tc egress.)
+ */
+SEC("tc")
+int xdproxy_egress(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct ip_info ip = {};
+	struct flow f;
+	int r;
+
+	count(CNT_EGRESS_SEEN);
+	__builtin_memset(&f, 0, sizeof(f));
+	if ((void *)(eth + 1) > end)
+		return TC_ACT_OK;
+	void *pos = eth + 1;
+	if (eth->proto == bpf_htons(ETH_P_IP))
+		r = parse_ipv4(&pos, end, &f, &ip);
+	else if (eth->proto == bpf_htons(ETH_P_IPV6))
+		r = parse_ipv6(&pos, end, &f, &ip, 1);
+	else
+		return TC_ACT_OK;
+	if (r != IP_OK)
+		return TC_ACT_OK;
+	if (parse_l4(&pos, end, &f, &ip) != L4_OK || f.echo_request)
+		return TC_ACT_OK;
+	if (!in_flows(&f.src, &f.dst))
+		return TC_ACT_OK;
+
+	__u32 zero = 0;
+	struct egress_config *cfg = bpf_map_lookup_elem(&egress_config, &zero);
+	if (!cfg || cfg->redirect_ifindex == 0)
+		return TC_ACT_OK;
+	count(CNT_EGRESS_REDIRECTED);
+	return bpf_redirect(cfg->redirect_ifindex, 0);
 }
 
 char _license[] SEC("license") = "Dual MIT/GPL";
