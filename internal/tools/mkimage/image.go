@@ -226,8 +226,9 @@ func Write(w io.Writer, opts Options) error {
 	return tw.Close()
 }
 
-// buildLayer returns the gzip-compressed layer holding only the binary, and
-// the digest of the uncompressed tar (the config's diff_id).
+// buildLayer returns the gzip-compressed layer holding only the binary and
+// its directories, and the digest of the uncompressed tar (the config's
+// diff_id).
 func buildLayer(binary, dest string, mtime time.Time) (blob, string, error) {
 	f, err := os.Open(binary)
 	if err != nil {
@@ -248,9 +249,22 @@ func buildLayer(binary, dest string, mtime time.Time) (blob, string, error) {
 	zw := gzip.NewWriter(&compressed)
 	uncompressed := sha256.New()
 	tw := tar.NewWriter(io.MultiWriter(zw, uncompressed))
+	// The parent directories come first, 0755: a loader that has to make
+	// them up may choose another mode (Docker 20.10 makes them 0600, so
+	// that only CAP_DAC_OVERRIDE could reach the binary).
+	name := strings.TrimPrefix(dest, "/")
+	for i, c := range name {
+		if c != '/' {
+			continue
+		}
+		dir := &tar.Header{Typeflag: tar.TypeDir, Name: name[:i+1], Mode: 0o755, ModTime: mtime, Uname: "root", Gname: "root"}
+		if err := tw.WriteHeader(dir); err != nil {
+			return blob{}, "", err
+		}
+	}
 	hdr := &tar.Header{
 		Typeflag: tar.TypeReg,
-		Name:     strings.TrimPrefix(dest, "/"),
+		Name:     name,
 		Mode:     0o755,
 		Size:     info.Size(),
 		ModTime:  mtime,

@@ -193,17 +193,28 @@ func TestImageTarball(t *testing.T) {
 	if err != nil {
 		t.Fatalf("layer: %v", err)
 	}
+	// The binary's directories (so that no loader has to make them up) and
+	// the binary, nothing else.
 	layer := readTar(t, bytes.NewReader(uncompressed))
-	if len(layer) != 1 {
-		t.Fatalf("layer holds %d entries, want only the binary", len(layer))
+	var layerNames []string
+	for _, e := range layer {
+		layerNames = append(layerNames, e.hdr.Name)
 	}
-	hdr := layer[0].hdr
-	if hdr.Name != "usr/local/bin/xdproxy" || hdr.Typeflag != tar.TypeReg || hdr.Mode != 0o755 ||
-		hdr.Uid != 0 || hdr.Gid != 0 || !hdr.ModTime.Equal(testCreated) {
-		t.Errorf("layer entry %q type %c mode %o uid %d gid %d mtime %v, want usr/local/bin/xdproxy, a file, 755, root, %v",
-			hdr.Name, hdr.Typeflag, hdr.Mode, hdr.Uid, hdr.Gid, hdr.ModTime, testCreated)
+	if want := []string{"usr/", "usr/local/", "usr/local/bin/", "usr/local/bin/xdproxy"}; !slices.Equal(layerNames, want) {
+		t.Fatalf("layer entries %q, want %q", layerNames, want)
 	}
-	if !bytes.Equal(layer[0].data, binData) {
+	for i, e := range layer {
+		hdr := e.hdr
+		wantType := byte(tar.TypeDir)
+		if i == len(layer)-1 {
+			wantType = tar.TypeReg
+		}
+		if hdr.Typeflag != wantType || hdr.Mode != 0o755 || hdr.Uid != 0 || hdr.Gid != 0 || !hdr.ModTime.Equal(testCreated) {
+			t.Errorf("layer entry %q type %c mode %o uid %d gid %d mtime %v, want type %c, 755, root, %v",
+				hdr.Name, hdr.Typeflag, hdr.Mode, hdr.Uid, hdr.Gid, hdr.ModTime, wantType, testCreated)
+		}
+	}
+	if !bytes.Equal(layer[len(layer)-1].data, binData) {
 		t.Errorf("the layer's file differs from the binary")
 	}
 
