@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -89,9 +90,11 @@ type Engine struct {
 	aff      *service.Affinity
 	services service.Current
 
-	egress     atomic.Pointer[egress]
-	addrs      atomic.Pointer[nodeAddrs]
-	kernelPort *Port
+	egress atomic.Pointer[egress]
+	addrs  atomic.Pointer[nodeAddrs]
+	// kernelMAC is the MAC of the exception link's kernel end: the
+	// destination of every frame handed to the kernel.
+	kernelMAC net.HardwareAddr
 
 	nicMu   sync.Mutex // serialises reconciling, SetChannels and Close
 	nics    []*nic
@@ -120,9 +123,14 @@ type nic struct {
 	cfg     InterfaceConfig
 	link    Link       // as attached; Index 0 while not attached
 	att     Attachment // nil while not attached
+	egress  Attachment // the egress program; nil without an exception link
 	ports   []*Port    // in queue order
 	workers []*Worker  // workers[i] receives on ports[i]
 	problem string     // why it is not fully served; "" when it is
+	// exception marks xdproxy's end of the exception link: its socket is
+	// where frames for the kernel leave, and where the replies of local
+	// backends arrive.
+	exception bool
 }
 
 // nodeAddrs are the addresses of the served interfaces, for masquerading
@@ -275,20 +283,23 @@ func (e *Engine) checkSNATPorts() error {
 	return nil
 }
 
-// openKernelPort sets up the exception link and a socket on xdproxy's
-// end of it.
+// openKernelPort sets up the exception link and serves xdproxy's end of
+// it like an interface of one queue.
 func (e *Engine) openKernelPort(name string, sc afxdp.Config) error {
 	ke, xe, err := e.k.ExceptionLink(name)
 	if err != nil {
 		return err
 	}
-	sock, err := e.k.OpenSocket(xe.Index, 0, sc)
-	if err != nil {
-		return fmt.Errorf("AF_XDP socket on the exception link %s: %w", xe.Name, err)
+	if err := e.k.SetEgressRedirect(ke.Index); err != nil {
+		return err
 	}
-	e.kernelPort = NewPort(xe, 0, sock, sc.FrameSize)
-	eg := &egress{kernel: e.kernelPort, kernelMAC: ke.MAC}
-	e.egress.Store(eg)
+	e.kernelMAC = ke.MAC
+	var cpus []int
+	if len(e.cfg.Interfaces) > 0 {
+		cpus = e.cfg.Interfaces[0].CPUs
+	}
+	e.nics = append(e.nics, &nic{exception: true,
+		cfg: InterfaceConfig{Name: xe.Name, Queues: []int{0}, CPUs: cpus, Mode: xdp.Native, Socket: sc}})
 	e.log.Info("exception link ready", "kernelEnd", ke.Name, "xdproxyEnd", xe.Name)
 	return nil
 }
@@ -365,6 +376,14 @@ func (e *Engine) reconcileLocked() {
 // snapshot no longer has them, and whether anything changed.
 func (e *Engine) reconcileNIC(n *nic) (started []*Worker, closed []*Port, changed bool) {
 	l, err := e.k.Link(n.cfg.Name)
+	if err != nil && n.exception {
+		// Someone deleted it: make it again.
+		var ke Link
+		if ke, l, err = e.k.ExceptionLink(e.cfg.ExceptionInterface); err == nil {
+			e.kernelMAC = ke.MAC
+			err = e.k.SetEgressRedirect(ke.Index)
+		}
+	}
 	if err != nil {
 		if n.att != nil {
 			e.log.Warn("interface gone; detaching", "interface", n.cfg.Name, "err", err)
@@ -392,6 +411,11 @@ func (e *Engine) reconcileNIC(n *nic) (started []*Worker, closed []*Port, change
 		e.log.Info("attached", "interface", n.cfg.Name, "ifindex", l.Index, "xdpMode", att.Mode().String(),
 			"adopted", att.Adopted())
 		changed = true
+		if !n.exception && e.cfg.ExceptionInterface != "" {
+			if n.egress, err = e.k.AttachEgress(l.Index); err != nil {
+				problem = joinProblem(problem, fmt.Sprintf("attaching the egress program: %v", err))
+			}
+		}
 	}
 	if !slices.Equal(n.link.Addrs, l.Addrs) || n.link.Index != l.Index {
 		changed = true
@@ -499,16 +523,19 @@ func (e *Engine) detach(n *nic, keep bool) []*Port {
 		e.stopPort(n, n.workers[i], p)
 	}
 	closed := n.ports
-	if n.att != nil {
-		release := n.att.Detach
+	for _, a := range []Attachment{n.att, n.egress} {
+		if a == nil {
+			continue
+		}
+		release := a.Detach
 		if keep {
-			release = n.att.Close
+			release = a.Close
 		}
 		if err := release(); err != nil {
 			e.log.Warn("detaching", "interface", n.cfg.Name, "err", err)
 		}
 	}
-	n.att, n.ports, n.workers, n.link = nil, nil, nil, Link{}
+	n.att, n.egress, n.ports, n.workers, n.link = nil, nil, nil, nil, Link{}
 	return closed
 }
 
@@ -542,12 +569,15 @@ func (e *Engine) runWorker(w *Worker) {
 // publishLinks publishes the egress snapshot and the node addresses of
 // the interfaces as they are now.
 func (e *Engine) publishLinks() {
-	eg := &egress{}
-	if old := e.egress.Load(); old != nil {
-		eg.kernel, eg.kernelMAC = old.kernel, old.kernelMAC
-	}
+	eg := &egress{kernelMAC: e.kernelMAC}
 	na := &nodeAddrs{byIfindex: map[int][]packet.Addr{}, all: map[packet.Addr]bool{}}
 	for _, n := range e.nics {
+		if n.exception {
+			if len(n.ports) > 0 {
+				eg.kernel = n.ports[0]
+			}
+			continue
+		}
 		if len(n.ports) > 0 {
 			eg.ifaces = append(eg.ifaces, egressIface{ifindex: n.link.Index, ports: slices.Clone(n.ports)})
 		}
@@ -569,11 +599,17 @@ func (e *Engine) snatSource(backend packet.Addr) (packet.Addr, bool) {
 	if !backend.Is4() {
 		return packet.Addr{}, false
 	}
+	h, r := e.k.Resolver().Resolve(backend)
+	if r == packet.OK && h.ViaKernel {
+		// A backend on this node: its replies must come back to
+		// xdproxy, not to the node's own stack.
+		return LocalSNATAddress, true
+	}
 	if !e.cfg.SNATAddress4.IsZero() {
 		return e.cfg.SNATAddress4, true
 	}
 	na := e.addrs.Load()
-	if h, r := e.k.Resolver().Resolve(backend); (r == packet.OK || r == packet.DropNeighbor) && !h.ViaKernel {
+	if r == packet.OK || r == packet.DropNeighbor {
 		if as := na.byIfindex[h.Ifindex]; len(as) > 0 {
 			return as[0], true
 		}
@@ -761,7 +797,7 @@ func (e *Engine) programXDP(t *service.Table) error {
 	node := e.addrs.Load().all
 	var vips []packet.Addr
 	for _, a := range t.VIPs() {
-		if !node[a] && a != e.cfg.SNATAddress4 {
+		if !node[a] && a != e.cfg.SNATAddress4 && a != LocalSNATAddress {
 			vips = append(vips, a)
 		}
 	}
@@ -792,9 +828,6 @@ func (e *Engine) close() error {
 	var errs []error
 	for _, p := range closed {
 		errs = append(errs, p.close())
-	}
-	if e.kernelPort != nil {
-		errs = append(errs, e.kernelPort.close())
 	}
 	if e.ct != nil {
 		errs = append(errs, e.ct.Close())

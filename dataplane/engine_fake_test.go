@@ -269,8 +269,8 @@ func TestEveryQueueServedAndFollowed(t *testing.T) {
 	if got := served("n0"); !slices.Equal(got, []int{0, 1, 2, 3}) {
 		t.Fatalf("n0 served %v, want all 4 queues", got)
 	}
-	if len(fn.e.Workers()) != 8 {
-		t.Fatalf("%d workers, want 8", len(fn.e.Workers()))
+	if len(fn.e.Workers()) != 9 {
+		t.Fatalf("%d workers, want 8 and the exception link's", len(fn.e.Workers()))
 	}
 	// Traffic on queue 3 works.
 	fn.inject(t, fn.n0, 3, frame(t, packet.ProtoUDP, podA, addr("198.19.0.20"), 7100, 53, 0, nil))

@@ -99,12 +99,18 @@ type Kernel interface {
 	SetChannels(name string, queues int) error
 	// Attach attaches the XDP program to an interface.
 	Attach(ifindex int, mode xdp.Mode) (Attachment, error)
+	// AttachEgress attaches the egress program to an interface: it sends
+	// the interface's outgoing packets that are exactly replies xdproxy
+	// waits for to the interface SetEgressRedirect names.
+	AttachEgress(ifindex int) (Attachment, error)
+	SetEgressRedirect(ifindex int) error
 	// OpenSocket opens an AF_XDP socket on one queue of an interface.
 	OpenSocket(ifindex, queue int, cfg afxdp.Config) (Socket, error)
 	// ExceptionLink makes sure the veth pair through which frames are
 	// handed to the kernel's stack exists and is set up, and returns
 	// its kernel end (frames arrive there as if received from a NIC)
-	// and xdproxy's end (where a socket transmits them).
+	// and xdproxy's end (where a socket transmits them). The kernel routes
+	// LocalSNATAddress out of the kernel end to xdproxy's end.
 	ExceptionLink(name string) (kernelEnd, xdproxyEnd Link, err error)
 	// LocalPortRange is the kernel's ephemeral port range
 	// (net.ipv4.ip_local_port_range), where the node's own connections
@@ -121,6 +127,13 @@ type Kernel interface {
 	// does not remove the exception link, which outlives restarts.
 	Close() error
 }
+
+// LocalSNATAddress is the source address of masqueraded flows to backends
+// on this node (pods behind veths, the node itself). Their replies are
+// addressed to it, and the kernel routes it out of the exception link to
+// xdproxy, where a worker translates them; a node address would have the
+// kernel deliver them to itself instead.
+var LocalSNATAddress = packet.MustParseAddr("169.254.42.2")
 
 // ErrNoLink is returned by Kernel.Link for an interface that does not
 // exist.

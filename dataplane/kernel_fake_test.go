@@ -362,6 +362,8 @@ type fakeKernel struct {
 	faults     fakeFaults
 	closed     bool
 	ephemeral  conntrack.PortRange
+	// egressRedirect is where the egress programs send caught replies.
+	egressRedirect int
 	reserved   []conntrack.PortRange
 }
 
@@ -475,6 +477,17 @@ func (k *fakeKernel) Attach(ifindex int, mode xdp.Mode) (Attachment, error) {
 	a := &fakeAttachment{k: k, ifindex: ifindex}
 	k.attached[ifindex] = a
 	return a, nil
+}
+
+func (k *fakeKernel) AttachEgress(ifindex int) (Attachment, error) {
+	return &fakeAttachment{k: k, ifindex: -ifindex}, nil
+}
+
+func (k *fakeKernel) SetEgressRedirect(ifindex int) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.egressRedirect = ifindex
+	return nil
 }
 
 func (k *fakeKernel) OpenSocket(ifindex, queue int, cfg afxdp.Config) (Socket, error) {

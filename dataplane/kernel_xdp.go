@@ -189,6 +189,20 @@ func (k *xdpKernel) Attach(ifindex int, mode xdp.Mode) (Attachment, error) {
 	return a, nil
 }
 
+func (k *xdpKernel) AttachEgress(ifindex int) (Attachment, error) {
+	var a *xdp.Attachment
+	err := k.inNS(func() (err error) {
+		a, err = k.objs.AttachEgress(ifindex)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+func (k *xdpKernel) SetEgressRedirect(ifindex int) error { return k.objs.SetEgressRedirect(ifindex) }
+
 func (k *xdpKernel) OpenSocket(ifindex, queue int, cfg afxdp.Config) (Socket, error) {
 	var s *afxdp.Socket
 	err := k.inNS(func() (err error) {
@@ -207,9 +221,10 @@ func (k *xdpKernel) OpenSocket(ifindex, queue int, cfg afxdp.Config) (Socket, er
 // nothing.
 var exceptionAddr = &net.IPNet{IP: net.IPv4(169, 254, 42, 1), Mask: net.CIDRMask(32, 32)}
 
-// exceptionMTU is the exception link's MTU: above any NIC's frames that a
-// 4096-byte UMEM frame holds.
-const exceptionMTU = 4096
+// exceptionMTU is the exception link's MTU: the largest a veth takes with
+// a native XDP program (its frames must fit a page with the XDP headroom),
+// above what a 2048-byte UMEM frame holds.
+const exceptionMTU = 3500
 
 // xdproxyEndName names the exception link's end that xdproxy transmits on.
 func xdproxyEndName(name string) string { return name + "-dp" }
@@ -240,14 +255,31 @@ func (k *xdpKernel) ExceptionLink(name string) (Link, Link, error) {
 	}
 	// Frames handed over are as long as the NICs' frames can be.
 	for _, l := range []netlink.Link{kl, pl} {
-		if l.Attrs().MTU < exceptionMTU {
+		if l.Attrs().MTU != exceptionMTU {
 			if err := k.nl.LinkSetMTU(l, exceptionMTU); err != nil {
 				return Link{}, Link{}, fmt.Errorf("exception link %s MTU: %w", l.Attrs().Name, err)
 			}
 		}
 	}
+	for _, l := range []netlink.Link{pl, kl} {
+		if err := k.nl.LinkSetUp(l); err != nil {
+			return Link{}, Link{}, fmt.Errorf("exception link %s up: %w", l.Attrs().Name, err)
+		}
+	}
 	if err := k.nl.AddrReplace(kl, &netlink.Addr{IPNet: exceptionAddr, Scope: int(netlink.SCOPE_LINK)}); err != nil {
 		return Link{}, Link{}, fmt.Errorf("exception link %s address: %w", name, err)
+	}
+	// Replies to LocalSNATAddress go out of the kernel end, to xdproxy's.
+	local := net.IP(LocalSNATAddress.Netip().AsSlice())
+	route := &netlink.Route{LinkIndex: kl.Attrs().Index, Dst: &net.IPNet{IP: local, Mask: net.CIDRMask(32, 32)},
+		Scope: netlink.SCOPE_LINK}
+	if err := k.nl.RouteReplace(route); err != nil {
+		return Link{}, Link{}, fmt.Errorf("exception link %s route: %w", name, err)
+	}
+	neigh := &netlink.Neigh{LinkIndex: kl.Attrs().Index, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
+		IP: local, HardwareAddr: pl.Attrs().HardwareAddr}
+	if err := k.nl.NeighSet(neigh); err != nil {
+		return Link{}, Link{}, fmt.Errorf("exception link %s neighbour: %w", name, err)
 	}
 	err = k.inNS(func() error {
 		// The frames xdproxy hands over were received from a NIC: their
@@ -279,11 +311,6 @@ func (k *xdpKernel) ExceptionLink(name string) (Link, Link, error) {
 	})
 	if err != nil {
 		return Link{}, Link{}, fmt.Errorf("exception link %s: %w", name, err)
-	}
-	for _, l := range []netlink.Link{pl, kl} {
-		if err := k.nl.LinkSetUp(l); err != nil {
-			return Link{}, Link{}, fmt.Errorf("exception link %s up: %w", l.Attrs().Name, err)
-		}
 	}
 	ke, err := k.Link(name)
 	if err != nil {

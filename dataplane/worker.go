@@ -290,8 +290,12 @@ func (w *Worker) toKernel(d afxdp.Desc, frame []byte, r packet.Reason) {
 	if r != packet.OK {
 		w.batch.byReason[r]++
 	}
-	if w.kernel < 0 {
-		w.batch.byReason[packet.DropNoKernelPath]++
+	if w.kernel < 0 || (r != packet.OK && w.crossPorts[w.kernel] == w.port) {
+		// No way to the kernel; or a frame that came from the kernel
+		// and is not ours: handing it back would loop.
+		if w.kernel < 0 {
+			w.batch.byReason[packet.DropNoKernelPath]++
+		}
 		w.release = append(w.release, d)
 		return
 	}
