@@ -364,7 +364,7 @@ type fakeKernel struct {
 	ephemeral  conntrack.PortRange
 	// egressRedirect is where the egress programs send caught replies.
 	egressRedirect int
-	reserved   []conntrack.PortRange
+	reserved       []conntrack.PortRange
 }
 
 func newFakeKernel() *fakeKernel {
