@@ -26,13 +26,18 @@ func binaryConfig(servicesFile, adminSocket string, cpu int) string {
     bindMode: copy
 `, name, cpu)
 	}
-	return fmt.Sprintf(`nodeName: bench-node
+	return fmt.Sprintf(`apiVersion: xdproxy.io/v1alpha1
+kind: XDProxyConfiguration
+nodeName: bench-node
 interfaces:
 %s%sservices:
   file: %s
 clusterCIDR: %s
+# The range of the earlier runs, inside the node's ephemeral ports:
+# reserved for SNAT while xdproxy runs.
 masquerade:
   portRange: 32768-60999
+  reservePorts: true
 conntrack:
   maxEntries: 1048576
 metricsAddress: 127.0.0.1:10249
@@ -42,7 +47,6 @@ batchSize: 64
 # Room for the largest service count the benchmark loads (100,000).
 xdpTables:
   maxFrontends: 262144
-  maxBackends: 262144
   maxAddresses: 524288
 `, iface(topo.NodeInIface), iface(topo.NodeOutIface), servicesFile, topo.PodCIDR, adminSocket)
 }

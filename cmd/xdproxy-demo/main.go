@@ -143,7 +143,9 @@ func run(bin string, requests int) error {
 	defer os.RemoveAll(dir)
 	svcFile := filepath.Join(dir, "services.yaml")
 	admin := filepath.Join(dir, "admin.sock")
-	cfg := fmt.Sprintf(`nodeName: node-1
+	cfg := fmt.Sprintf(`apiVersion: xdproxy.io/v1alpha1
+kind: XDProxyConfiguration
+nodeName: node-1
 interfaces:
   - {name: n0, queues: [0], cpus: [1], xdpMode: native}
   - {name: n1, queues: [0], cpus: [1], xdpMode: native}

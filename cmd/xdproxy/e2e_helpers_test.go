@@ -188,13 +188,14 @@ func newAgentWith(t *testing.T, tb *testbed.Testbed, services string, o agentOpt
 		cpus += fmt.Sprintf("%d,", o.cpus[q])
 	}
 	queues, cpus = strings.TrimSuffix(queues, ","), strings.TrimSuffix(cpus, ",")
-	cfg := fmt.Sprintf(`nodeName: node-1
+	// SNAT ports: the default, above the node's ephemeral ports.
+	cfg := fmt.Sprintf(`apiVersion: xdproxy.io/v1alpha1
+kind: XDProxyConfiguration
+nodeName: node-1
 interfaces:
   - {name: %s, queues: [%s], cpus: [%s], xdpMode: native, numFrames: 4096}
   - {name: %s, queues: [%s], cpus: [%s], xdpMode: native, numFrames: 4096}
 %sclusterCIDR: %s
-masquerade:
-  portRange: 40000-60000
 metricsAddress: 127.0.0.1:0
 healthzAddress: 127.0.0.1:0
 adminSocket: %s

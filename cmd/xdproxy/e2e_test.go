@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/xdproxy/xdproxy/control/config"
 	"github.com/xdproxy/xdproxy/internal/testbed"
 	"github.com/xdproxy/xdproxy/internal/testbed/testserver"
 )
@@ -362,14 +363,18 @@ func TestSIGTERMDetaches(t *testing.T) {
 	}
 }
 
-// TestBadConfigNamesTheField: a wrong value exits non-zero with the field.
+// TestBadConfigNamesTheField: a wrong value exits non-zero with the field,
+// from run and from check.
 func TestBadConfigNamesTheField(t *testing.T) {
 	dir := t.TempDir()
 	cfg := dir + "/bad.yaml"
-	_ = os.WriteFile(cfg, []byte("nodeName: n\ninterfaces:\n  - {name: eth0, queues: [0, 1], cpus: [0]}\nservices: {file: /x}\n"), 0o644)
-	out, err := exec.Command(xdproxyBinary(t), "run", "--config", cfg).CombinedOutput()
-	if err == nil || !strings.Contains(string(out), "interfaces[0].cpus") {
-		t.Fatalf("want a non-zero exit naming interfaces[0].cpus, got %v: %s", err, out)
+	_ = os.WriteFile(cfg, []byte("apiVersion: xdproxy.io/v1alpha1\nkind: XDProxyConfiguration\nnodeName: n\n"+
+		"interfaces:\n  - {name: eth0, queues: [0, 0]}\nservices: {file: /x}\n"), 0o644)
+	for _, cmd := range []string{"run", "check"} {
+		out, err := exec.Command(xdproxyBinary(t), cmd, "--config", cfg).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "interfaces[0].queues[1]: queue 0 listed twice") {
+			t.Errorf("%s: want a non-zero exit naming interfaces[0].queues[1], got %v: %s", cmd, err, out)
+		}
 	}
 }
 
@@ -407,8 +412,8 @@ func TestNodePortMasquerades(t *testing.T) {
 			_, src, _ := strings.Cut(f.Translated, " ")
 			host, rest, _ := strings.Cut(src, ":")
 			port, _ := strconv.Atoi(strings.SplitN(rest, "-", 2)[0])
-			if host != lan || port < 40000 || port > 60000 {
-				t.Errorf("flow %s translated to %s: want source %s with a port in 40000-60000", f.Original, f.Translated, lan)
+			if ports := config.DefaultPorts; host != lan || port < int(ports.First) || port > int(ports.Last) {
+				t.Errorf("flow %s translated to %s: want source %s with a port in %d-%d", f.Original, f.Translated, lan, ports.First, ports.Last)
 			}
 			masq++
 		}

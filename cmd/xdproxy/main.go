@@ -1,14 +1,15 @@
 package main
 
 import (
-	"flag"
 	"fmt"
 	"os"
 )
 
 const usage = `usage:
-  xdproxy run --config FILE          run the agent
-  xdproxy check --config FILE        validate a config file and exit
+  xdproxy run --config FILE [--node-name NAME]
+                                     run the agent; NAME replaces the file's nodeName
+  xdproxy check --config FILE [--node-name NAME]
+                                     validate a config file and exit
   xdproxy admin [--socket PATH] CMD  query a running agent; CMD is one of
                                      stats, services, conntrack, workers
   xdproxy version
@@ -43,11 +44,4 @@ func main() {
 		fmt.Fprintln(os.Stderr, "xdproxy:", err)
 		os.Exit(1)
 	}
-}
-
-func configFlag(name string, args []string) (*flag.FlagSet, *string) {
-	fs := flag.NewFlagSet(name, flag.ExitOnError)
-	path := fs.String("config", "", "path of the YAML config file")
-	_ = fs.Parse(args)
-	return fs, path
 }

@@ -2,7 +2,7 @@ package main
 
 import (
 	"context"
-	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"net"
@@ -26,15 +26,23 @@ import (
 	"github.com/xdproxy/xdproxy/nat/conntrack"
 	"github.com/xdproxy/xdproxy/nat/packet"
 	"github.com/xdproxy/xdproxy/xdp"
-	"github.com/xdproxy/xdproxy/xdp/afxdp"
 )
 
-func checkCmd(args []string) error {
-	_, path := configFlag("check", args)
+// loadConfig parses the flags of run and check and loads the config file
+// they name, for this host.
+func loadConfig(name string, args []string) (*config.Config, error) {
+	fs := flag.NewFlagSet(name, flag.ExitOnError)
+	path := fs.String("config", "", "path of the YAML config file")
+	nodeName := fs.String("node-name", "", "this node's name, instead of the file's nodeName")
+	_ = fs.Parse(args)
 	if *path == "" {
-		return errors.New("check: --config is required")
+		return nil, fmt.Errorf("%s: --config is required", name)
 	}
-	if _, err := config.Load(*path); err != nil {
+	return config.LoadWith(*path, config.Options{NodeName: *nodeName})
+}
+
+func checkCmd(args []string) error {
+	if _, err := loadConfig("check", args); err != nil {
 		return err
 	}
 	fmt.Println("config ok")
@@ -42,11 +50,11 @@ func checkCmd(args []string) error {
 }
 
 func runCmd(args []string) error {
-	_, path := configFlag("run", args)
-	if *path == "" {
-		return errors.New("run: --config is required")
+	cfg, err := loadConfig("run", args)
+	if err != nil {
+		return err
 	}
-	cfg, err := config.Load(*path)
+	host, err := config.ThisHost()
 	if err != nil {
 		return err
 	}
@@ -56,7 +64,7 @@ func runCmd(args []string) error {
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return fmt.Errorf("raising the memlock limit: %w", err)
 	}
-	ecfg, err := engineConfig(cfg, log)
+	ecfg, err := engineConfig(cfg, host, log)
 	if err != nil {
 		return err
 	}
@@ -89,8 +97,7 @@ func runCmd(args []string) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.MustRegister(newDataplaneCollector(engine))
 
-	cidrs, _ := cfg.ClusterCIDRs()
-	opts := service.CompileOptions{ClusterCIDRs: cidrs, MasqueradeAll: cfg.Masquerade.All}
+	opts := service.CompileOptions{ClusterCIDRs: cfg.ClusterCIDRs, MasqueradeAll: cfg.Masquerade.All}
 	node := nodeInfo(cfg, engine)
 	var lastSync atomic.Int64
 	publish := func(m *service.Model) {
@@ -142,39 +149,33 @@ func runCmd(args []string) error {
 	}
 }
 
-// engineConfig maps the config file onto the dataplane's settings.
-func engineConfig(cfg *config.Config, log *slog.Logger) (dataplane.EngineConfig, error) {
-	lo, hi, _ := cfg.PortRange()
+// engineConfig maps the configuration onto the dataplane's settings.
+// host gives the CPUs of interfaces that name none.
+func engineConfig(cfg *config.Config, host config.Host, log *slog.Logger) (dataplane.EngineConfig, error) {
 	ct := cfg.Conntrack
 	e := dataplane.EngineConfig{
 		BatchSize: cfg.BatchSize, BusyPoll: cfg.BusyPoll, Log: log,
-		SNATPorts:          conntrack.PortRange{First: lo, Last: hi},
-		ExceptionInterface: "xdpx0",
-		Conntrack: conntrack.Config{
-			Capacity: ct.MaxEntries, FragmentCapacity: ct.FragmentTableMaxLen, FragmentTimeout: ct.FragmentTimeout.Duration,
-			Timeouts: conntrack.Timeouts{
-				TCPSynSent: ct.TCPSynSent.Duration, TCPSynRecv: ct.TCPSynRecv.Duration, TCPEstablished: ct.TCPEstablished.Duration,
-				TCPFinWait: ct.TCPFinWait.Duration, TCPCloseWait: ct.TCPCloseWait.Duration, TCPLastAck: ct.TCPLastAck.Duration,
-				TCPTimeWait: ct.TCPTimeWait.Duration, TCPClose: ct.TCPClose.Duration,
-				UDPUnreplied: ct.UDPUnreplied.Duration, UDPReplied: ct.UDPReplied.Duration, ICMPEcho: ct.ICMP.Duration,
-			},
-		},
+		SNATPorts:          cfg.Masquerade.Ports,
+		ReserveSNATPorts:   cfg.Masquerade.ReservePorts,
+		ExceptionInterface: cfg.ExceptionInterface,
+		Conntrack: conntrack.Config{Capacity: ct.MaxEntries, Timeouts: ct.Timeouts,
+			FragmentCapacity: ct.FragmentMaxEntries, FragmentTimeout: ct.FragmentTimeout},
 	}
-	if cfg.Masquerade.Address != "" {
-		a := netip.MustParseAddr(cfg.Masquerade.Address) // validated by config
-		if a.Is4() {
-			e.SNATAddress4 = packet.AddrFromNetip(a)
-		}
+	switch a := cfg.Masquerade.Address; {
+	case a.Is4():
+		e.SNATAddress4 = packet.AddrFromNetip(a)
+	case a.Is6():
+		return e, fmt.Errorf("masquerade.address: %s: the dataplane masquerades IPv6 flows to the egress interface's address only", a)
 	}
 	for _, in := range cfg.Interfaces {
-		mode := map[string]xdp.Mode{"auto": xdp.Auto, "native": xdp.Native, "generic": xdp.Generic}[in.XDPMode]
-		bind := map[string]afxdp.BindMode{"auto": afxdp.Auto, "copy": afxdp.Copy, "zerocopy": afxdp.ZeroCopy}[in.BindMode]
-		sc := afxdp.Config{NumFrames: in.NumFrames, FrameSize: in.FrameSize, FillRingSize: in.FillRingSize,
-			CompletionRingSize: in.CompletionRingSize, RxRingSize: in.RxRingSize, TxRingSize: in.TxRingSize, Mode: bind, NeedWakeup: true}
-		if err := sc.Validate(); err != nil {
-			return e, fmt.Errorf("interfaces[%s]: %w", in.Name, err)
+		// The engine takes nil Queues as every queue, and pins the worker
+		// of the i-th queue to CPUs[i%len(CPUs)], as the config means.
+		cpus := in.CPUs
+		if cpus == nil {
+			cpus = host.CPUs // every CPU the process may run on
 		}
-		e.Interfaces = append(e.Interfaces, dataplane.InterfaceConfig{Name: in.Name, Queues: in.Queues, CPUs: in.CPUs, Mode: mode, Socket: sc})
+		e.Interfaces = append(e.Interfaces, dataplane.InterfaceConfig{Name: in.Name, Queues: in.Queues, CPUs: cpus,
+			Mode: in.XDPMode, Socket: in.Socket})
 	}
 	return e, nil
 }
@@ -183,13 +184,9 @@ func engineConfig(cfg *config.Config, log *slog.Logger) (dataplane.EngineConfig,
 // the managed interfaces' addresses inside nodePortAddresses.
 func nodeInfo(cfg *config.Config, e *dataplane.Engine) service.Node {
 	n := service.Node{Name: cfg.NodeName, Zone: cfg.NodeZone}
-	var prefixes []netip.Prefix
-	for _, s := range cfg.NodePortAddresses {
-		prefixes = append(prefixes, netip.MustParsePrefix(s))
-	}
 	for _, a := range e.NodeAddresses() {
-		ok := len(prefixes) == 0
-		for _, p := range prefixes {
+		ok := len(cfg.NodePortAddresses) == 0
+		for _, p := range cfg.NodePortAddresses {
 			ok = ok || p.Contains(a.Netip())
 		}
 		if ok {
@@ -217,10 +214,10 @@ func startHTTP(cfg *config.Config, reg *prometheus.Registry, lastSync *atomic.In
 	health.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	var out []*http.Server
 	for _, s := range []struct {
-		addr string
+		addr netip.AddrPort
 		h    http.Handler
 	}{{cfg.MetricsAddress, metrics}, {cfg.HealthzAddress, health}} {
-		ln, err := net.Listen("tcp", s.addr)
+		ln, err := net.Listen("tcp", s.addr.String())
 		if err != nil {
 			return out, fmt.Errorf("listening on %s: %w", s.addr, err)
 		}

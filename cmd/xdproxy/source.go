@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net/netip"
+	"os"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/xdproxy/xdproxy/control/config"
 	"github.com/xdproxy/xdproxy/control/filesource"
@@ -27,14 +29,21 @@ func startSource(ctx context.Context, cfg *config.Config, reg *prometheus.Regist
 		return startFileSource(ctx, cfg, log, node, m, publish, errc)
 	}
 	k := cfg.Services.Kubernetes
-	var prefixes []netip.Prefix
-	for _, s := range cfg.NodePortAddresses {
-		prefixes = append(prefixes, netip.MustParsePrefix(s))
+	rc, err := restConfig(k)
+	if err != nil {
+		return fmt.Errorf("services.kubernetes: %w", err)
 	}
-	src, err := kubesource.New(kubesource.Config{
-		Kubeconfig: k.Kubeconfig, QPS: k.QPS, Burst: k.Burst,
-		NodeName: cfg.NodeName, NodeZone: cfg.NodeZone, NodeAddresses: node.Addresses, NodePortAddresses: prefixes,
-		ProxyName: k.ProxyName, DefaultScheduler: scheduler(cfg.Scheduler), MinSyncPeriod: k.MinSyncPeriod.Duration, MaxSyncPeriod: k.MaxSyncPeriod.Duration,
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return fmt.Errorf("services.kubernetes: %w", err)
+	}
+	minSync := k.MinSyncPeriod
+	if minSync == 0 {
+		minSync = -1 // kubesource: zero takes its default, negative means none
+	}
+	src, err := kubesource.NewForClient(client, kubesource.Config{
+		NodeName: cfg.NodeName, NodeZone: cfg.NodeZone, NodeAddresses: node.Addresses, NodePortAddresses: cfg.NodePortAddresses,
+		ProxyName: k.ProxyName, DefaultScheduler: cfg.Scheduler, MinSyncPeriod: minSync, MaxSyncPeriod: k.MaxSyncPeriod,
 		Logger: log, Metrics: m,
 	}, publish)
 	if err != nil {
@@ -51,7 +60,7 @@ func startSource(ctx context.Context, cfg *config.Config, reg *prometheus.Regist
 func startFileSource(ctx context.Context, cfg *config.Config, log *slog.Logger, node service.Node,
 	m *metrics.Metrics, publish func(*service.Model), errc chan<- error) error {
 	src, err := filesource.New(filesource.Config{Path: cfg.Services.File, Node: node,
-		DefaultScheduler: scheduler(cfg.Scheduler), Logger: log, Metrics: m}, publish)
+		DefaultScheduler: cfg.Scheduler, Logger: log, Metrics: m}, publish)
 	if err != nil {
 		return fmt.Errorf("services.file: %w", err)
 	}
@@ -63,13 +72,34 @@ func startFileSource(ctx context.Context, cfg *config.Config, log *slog.Logger, 
 	return nil
 }
 
-// scheduler maps the config's scheduler name (validated) to the model's.
-func scheduler(name string) service.Scheduler {
-	switch name {
-	case "roundrobin":
-		return service.RoundRobin
-	case "maglev":
-		return service.Maglev
+// The pod's service account, which rest.InClusterConfig reads too.
+const (
+	serviceAccountToken = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+	serviceAccountCA    = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+)
+
+// restConfig is the API client's configuration: the kubeconfig's, or the
+// pod's service account, with apiServer, when set, as the server. Without
+// a kubeconfig, apiServer replaces the in-cluster address, the kubernetes
+// Service's ClusterIP, which needs a proxy (this one) to reach the API
+// server; the credentials stay the service account's.
+func restConfig(k *config.Kubernetes) (*rest.Config, error) {
+	var rc *rest.Config
+	if k.APIServer != "" && k.Kubeconfig == "" {
+		if _, err := os.Stat(serviceAccountToken); err != nil {
+			return nil, fmt.Errorf("apiServer without kubeconfig needs the pod's service account token: %w", err)
+		}
+		rc = &rest.Config{Host: k.APIServer, BearerTokenFile: serviceAccountToken,
+			TLSClientConfig: rest.TLSClientConfig{CAFile: serviceAccountCA}}
+	} else {
+		var err error
+		if rc, err = kubesource.RESTConfig(k.Kubeconfig, k.QPS, k.Burst); err != nil {
+			return nil, err
+		}
+		if k.APIServer != "" {
+			rc.Host = k.APIServer
+		}
 	}
-	return service.Random
+	rc.QPS, rc.Burst, rc.UserAgent = k.QPS, k.Burst, "xdproxy"
+	return rc, nil
 }

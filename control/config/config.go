@@ -1,430 +1,749 @@
 package config
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
+	"net"
 	"net/netip"
+	"net/url"
 	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
-	"sigs.k8s.io/yaml"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/xdproxy/xdproxy/control/k8sconv"
+	"github.com/xdproxy/xdproxy/control/kubesource"
+	"github.com/xdproxy/xdproxy/dataplane/service"
+	"github.com/xdproxy/xdproxy/nat/conntrack"
+	"github.com/xdproxy/xdproxy/xdp"
+	"github.com/xdproxy/xdproxy/xdp/afxdp"
 )
 
-// Config is the whole configuration file.
+// Config is a validated configuration with every default applied: what
+// Load and Parse return. Its values are parsed; nothing needs checking or
+// parsing again.
 type Config struct {
 	// NodeName is this node's name as the API server knows it; endpoints
 	// with the same nodeName are local.
-	NodeName string `json:"nodeName"`
+	NodeName string
 	// NodeZone is the node's topology zone, used when no API server
 	// provides the Node object.
-	NodeZone   string      `json:"nodeZone,omitempty"`
-	Interfaces []Interface `json:"interfaces"`
-	Services   Services    `json:"services"`
-	// ClusterCIDR lists the pod CIDRs (comma separated for dual-stack).
-	// ClusterIP traffic from outside them is masqueraded, as in kube-proxy.
-	ClusterCIDR string `json:"clusterCIDR,omitempty"`
+	NodeZone   string
+	Interfaces []Interface
+	// ExceptionInterface names the veth pair xdproxy creates to hand
+	// frames back to the kernel.
+	ExceptionInterface string
+	Services           Services
+	// ClusterCIDRs are the pod CIDRs, masked. ClusterIP traffic from
+	// outside them is masqueraded, as in kube-proxy.
+	ClusterCIDRs []netip.Prefix
 	// NodePortAddresses are the CIDRs whose node addresses accept
-	// NodePorts; empty means every address of the xdproxy interfaces.
-	NodePortAddresses []string   `json:"nodePortAddresses,omitempty"`
-	Masquerade        Masquerade `json:"masquerade"`
-	Conntrack         Conntrack  `json:"conntrack"`
-	// Scheduler is the default backend selection: random (kube-proxy's),
-	// roundrobin or maglev.
-	Scheduler      string `json:"scheduler,omitempty"`
-	MetricsAddress string `json:"metricsAddress,omitempty"`
-	HealthzAddress string `json:"healthzAddress,omitempty"`
-	AdminSocket    string `json:"adminSocket,omitempty"`
+	// NodePorts, masked; empty means every address of the interfaces.
+	NodePortAddresses []netip.Prefix
+	Masquerade        Masquerade
+	Conntrack         Conntrack
+	// Scheduler is the backend selection of services that do not choose
+	// one with the xdproxy.io/scheduler annotation.
+	Scheduler      service.Scheduler
+	MetricsAddress netip.AddrPort
+	HealthzAddress netip.AddrPort
+	AdminSocket    string
+	// StateDir holds state that survives a restart (the connection
+	// tracking table's file).
+	StateDir string
+	// BPFFSDir is where XDP links and maps are pinned (on a bpf file
+	// system).
+	BPFFSDir string
 	// BusyPoll makes workers spin on empty rings instead of sleeping in
 	// poll(): lower latency, one full core per worker.
-	BusyPoll bool `json:"busyPoll,omitempty"`
+	BusyPoll bool
 	// BatchSize is the number of frames a worker handles per batch.
-	BatchSize int `json:"batchSize,omitempty"`
-	// XDPTables sizes the XDP program's maps, which the kernel allocates
-	// up front.
-	XDPTables XDPTables `json:"xdpTables,omitempty"`
-}
-
-// XDPTables sizes the XDP program's maps. Zero fields take the defaults.
-type XDPTables struct {
-	// MaxFrontends bounds frontends (service IP:port pairs, NodePorts on
-	// every node address included).
-	MaxFrontends int `json:"maxFrontends,omitempty"`
-	// MaxBackends bounds distinct endpoint IP:port pairs.
-	MaxBackends int `json:"maxBackends,omitempty"`
-	// MaxAddresses bounds distinct addresses: VIPs, endpoints and node
-	// addresses together.
-	MaxAddresses int `json:"maxAddresses,omitempty"`
+	BatchSize int
+	XDPTables XDPTables
 }
 
 // Interface is one NIC (or veth) that xdproxy attaches to.
 type Interface struct {
-	Name string `json:"name"`
-	// Queues are the RX queue indexes to serve; one worker each.
-	Queues []int `json:"queues"`
-	// CPUs pins each queue's worker: CPUs[i] for Queues[i].
-	CPUs []int `json:"cpus"`
-	// XDPMode is native, generic or auto (native, falling back to generic).
-	XDPMode            string `json:"xdpMode,omitempty"`
-	FrameSize          int    `json:"frameSize,omitempty"`
-	NumFrames          int    `json:"numFrames,omitempty"`
-	RxRingSize         int    `json:"rxRingSize,omitempty"`
-	TxRingSize         int    `json:"txRingSize,omitempty"`
-	FillRingSize       int    `json:"fillRingSize,omitempty"`
-	CompletionRingSize int    `json:"completionRingSize,omitempty"`
-	// ZeroCopy asks for zero-copy binding (copy, zerocopy or auto).
-	BindMode string `json:"bindMode,omitempty"`
+	Name string
+	// Queues are the RX queues to serve, one worker each; nil means every
+	// RX queue of the NIC, counted when xdproxy starts.
+	Queues []int
+	// CPUs are where the workers run: the worker of the i-th served queue
+	// runs on CPUs[i % len(CPUs)] (see WorkerCPU). nil means every CPU the
+	// process may run on.
+	CPUs     []int
+	XDPMode  xdp.Mode
+	BindMode afxdp.BindMode
+	// Socket sizes each queue's AF_XDP socket; Socket.Mode is BindMode.
+	Socket afxdp.Config
+}
+
+// WorkerCPU returns the CPU of the worker of the n-th served queue:
+// CPUs[n % len(CPUs)], or usable[n % len(usable)] when CPUs is nil (usable
+// being the CPUs the process may run on, Host.CPUs). It returns -1 when
+// both are empty.
+func (in *Interface) WorkerCPU(n int, usable []int) int {
+	cpus := in.CPUs
+	if cpus == nil {
+		cpus = usable
+	}
+	if len(cpus) == 0 {
+		return -1
+	}
+	return cpus[n%len(cpus)]
 }
 
 // Services says where services come from: exactly one of File and
-// Kubernetes.
+// Kubernetes is set.
 type Services struct {
-	File       string      `json:"file,omitempty"`
-	Kubernetes *Kubernetes `json:"kubernetes,omitempty"`
+	// File is a file of Service and EndpointSlice manifests.
+	File       string
+	Kubernetes *Kubernetes
 }
 
 // Kubernetes configures the API-server source.
 type Kubernetes struct {
-	// Kubeconfig is a kubeconfig path; empty means in-cluster config.
-	Kubeconfig    string   `json:"kubeconfig,omitempty"`
-	QPS           float32  `json:"qps,omitempty"`
-	Burst         int      `json:"burst,omitempty"`
-	MinSyncPeriod Duration `json:"minSyncPeriod,omitempty"`
-	MaxSyncPeriod Duration `json:"maxSyncPeriod,omitempty"`
+	// Kubeconfig is a kubeconfig path; empty means the pod's service
+	// account.
+	Kubeconfig string
+	// APIServer is "https://host:port" of the API server, used instead of
+	// the kubeconfig's server or the in-cluster kubernetes Service (whose
+	// ClusterIP only works once a proxy, this one, programs it). Empty:
+	// the kubeconfig's or the in-cluster address.
+	APIServer     string
+	QPS           float32
+	Burst         int
+	MinSyncPeriod time.Duration
+	MaxSyncPeriod time.Duration
 	// ProxyName is the service.kubernetes.io/service-proxy-name this
 	// proxy answers to; services naming any other proxy are skipped.
-	ProxyName string `json:"proxyName,omitempty"`
+	ProxyName string
 }
 
 // Masquerade configures SNAT.
 type Masquerade struct {
-	// Address is the source address of masqueraded traffic; empty means
-	// the first address of the egress interface.
-	Address string `json:"address,omitempty"`
-	// PortRange is "min-max", inclusive.
-	PortRange string `json:"portRange,omitempty"`
+	// Address is the source address of masqueraded traffic; the zero Addr
+	// means the address of the egress interface.
+	Address netip.Addr
+	// Ports are the SNAT source ports.
+	Ports conntrack.PortRange
 	// All masquerades every service flow (kube-proxy's masqueradeAll).
-	All bool `json:"all,omitempty"`
+	All bool
+	// ReservePorts: when Ports overlap the kernel's ephemeral ports
+	// (net.ipv4.ip_local_port_range), add Ports to
+	// net.ipv4.ip_local_reserved_ports instead of refusing to start.
+	ReservePorts bool
 }
 
 // Conntrack configures connection tracking.
 type Conntrack struct {
-	MaxEntries          int      `json:"maxEntries,omitempty"`
-	TCPSynSent          Duration `json:"tcpSynSentTimeout,omitempty"`
-	TCPSynRecv          Duration `json:"tcpSynRecvTimeout,omitempty"`
-	TCPEstablished      Duration `json:"tcpEstablishedTimeout,omitempty"`
-	TCPFinWait          Duration `json:"tcpFinWaitTimeout,omitempty"`
-	TCPCloseWait        Duration `json:"tcpCloseWaitTimeout,omitempty"`
-	TCPLastAck          Duration `json:"tcpLastAckTimeout,omitempty"`
-	TCPTimeWait         Duration `json:"tcpTimeWaitTimeout,omitempty"`
-	TCPClose            Duration `json:"tcpCloseTimeout,omitempty"`
-	UDPUnreplied        Duration `json:"udpTimeout,omitempty"`
-	UDPReplied          Duration `json:"udpStreamTimeout,omitempty"`
-	ICMP                Duration `json:"icmpTimeout,omitempty"`
-	FragmentTimeout     Duration `json:"fragmentTimeout,omitempty"`
-	FragmentTableMaxLen int      `json:"fragmentMaxEntries,omitempty"`
+	MaxEntries int
+	// Timeouts has every field set.
+	Timeouts conntrack.Timeouts
+	// FragmentTimeout and FragmentMaxEntries bound the fragment
+	// translations remembered; zero takes nat/conntrack's defaults (it
+	// does not export them).
+	FragmentTimeout    time.Duration
+	FragmentMaxEntries int
 }
 
-// Duration is a time.Duration written as a Go duration string ("30s").
-type Duration struct{ time.Duration }
-
-// UnmarshalJSON accepts "1m30s" or a number of seconds.
-func (d *Duration) UnmarshalJSON(b []byte) error {
-	var s string
-	if err := json.Unmarshal(b, &s); err == nil {
-		v, err := time.ParseDuration(s)
-		if err != nil {
-			return fmt.Errorf("not a duration: %q", s)
-		}
-		d.Duration = v
-		return nil
-	}
-	var secs float64
-	if err := json.Unmarshal(b, &secs); err != nil {
-		return fmt.Errorf("not a duration: %s", b)
-	}
-	d.Duration = time.Duration(secs * float64(time.Second))
-	return nil
+// XDPTables sizes the XDP program's maps, which the kernel allocates up
+// front.
+type XDPTables struct {
+	// MaxFrontends bounds frontends (service IP:port pairs, NodePorts on
+	// every node address included).
+	MaxFrontends int
+	// MaxAddresses bounds distinct addresses: VIPs, endpoints and node
+	// addresses together.
+	MaxAddresses int
 }
 
-// MarshalJSON writes the duration string.
-func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
+// Defaults of the fields that the file leaves out and that no lower package
+// defines. The others come from their packages: afxdp.DefaultConfig for
+// sockets, xdp.Default* for the XDP maps and the connection table,
+// conntrack.KubeProxyTimeouts, kubesource.Default* for the API client and
+// k8sconv.DefaultProxyName.
+const (
+	DefaultExceptionInterface = "xdpx0"
+	DefaultScheduler          = service.Random
+	DefaultMetricsAddress     = "127.0.0.1:10249"
+	DefaultHealthzAddress     = "0.0.0.0:10256"
+	DefaultAdminSocket        = "/run/xdproxy/admin.sock"
+	DefaultStateDir           = "/run/xdproxy"
+	DefaultBPFFSDir           = "/sys/fs/bpf/xdproxy"
+	// DefaultBatchSize is also dataplane.Worker's (unexported) default.
+	DefaultBatchSize = 64
+	// DefaultMaxEntries sizes the connection table like the XDP flow map
+	// that mirrors it.
+	DefaultMaxEntries = xdp.DefaultMaxFlows
+)
 
-// Load reads, defaults and validates the file at path.
-func Load(path string) (*Config, error) {
+// DefaultPorts are the SNAT ports: the ones Linux never hands out as
+// ephemeral ports on a stock node (ip_local_port_range 32768-60999), so
+// masqueraded flows and the node's own connections cannot collide.
+var DefaultPorts = conntrack.PortRange{First: 61000, Last: 65535}
+
+// DefaultTimeouts are the connection tracking timeouts a node has under
+// kube-proxy: netfilter's, with kube-proxy's TCP ESTABLISHED 24h and
+// CLOSE_WAIT 1h.
+var DefaultTimeouts = conntrack.KubeProxyTimeouts
+
+// Limits of the values the file may hold.
+const (
+	maxQueue       = 1023
+	minMaxEntries  = 1024
+	maxTableSize   = 1 << 24
+	maxBatchSize   = 1024
+	minPorts       = 64
+	maxIfNameLen   = 15  // IFNAMSIZ - 1
+	maxUnixPathLen = 107 // sizeof(sun_path) - 1
+)
+
+// Options adapt a file to the node it is used on.
+type Options struct {
+	// Host is the machine the file is for; nil means ThisHost().
+	Host *Host
+	// NodeName, when not empty, replaces the file's nodeName, so that one
+	// file serves every node (xdproxy run --node-name, kube-proxy's
+	// --hostname-override).
+	NodeName string
+}
+
+// Load reads, defaults and validates the file at path for this host.
+func Load(path string) (*Config, error) { return LoadWith(path, Options{}) }
+
+// LoadWith is Load with options.
+func LoadWith(path string, o Options) (*Config, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
-	c, err := Parse(b)
+	c, err := ParseWith(b, o)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return c, nil
 }
 
-// Parse decodes, defaults and validates a configuration.
-func Parse(b []byte) (*Config, error) {
-	var c Config
-	if err := yaml.UnmarshalStrict(b, &c); err != nil {
-		return nil, fmt.Errorf("decoding: %w", cleanYAMLError(err))
+// Parse decodes, defaults and validates a configuration for this host.
+func Parse(b []byte) (*Config, error) { return ParseWith(b, Options{}) }
+
+// ParseWith is Parse with options. Every problem is reported at once, as
+// an Errors value (errors.As finds it), unless the file is not YAML at all.
+func ParseWith(b []byte, o Options) (*Config, error) {
+	var h Host
+	if o.Host != nil {
+		h = *o.Host
+	} else {
+		var err error
+		if h, err = ThisHost(); err != nil {
+			return nil, err
+		}
 	}
-	c.applyDefaults()
-	if err := c.Validate(); err != nil {
+	var f fileV1alpha1
+	if err := decode(b, &f); err != nil {
 		return nil, err
 	}
-	return &c, nil
+	if o.NodeName != "" {
+		f.NodeName = o.NodeName
+	}
+	var errs Errors
+	c := f.convert(h, &errs)
+	if len(errs) > 0 {
+		return nil, errs
+	}
+	return c, nil
 }
 
-func cleanYAMLError(err error) error {
-	s := strings.TrimPrefix(err.Error(), "error unmarshaling JSON: while decoding JSON: ")
-	return errors.New(s)
+// FieldError is one problem with one field.
+type FieldError struct {
+	// Field is the path of the field in the file:
+	// "interfaces[0].cpus[1]".
+	Field string
+	// Problem says what is wrong: "CPU 7 does not exist (this machine has
+	// CPUs 0-1)".
+	Problem string
 }
 
-// Defaults for fields the file leaves out.
-const (
-	DefaultFrameSize      = 2048
-	DefaultNumFrames      = 4096
-	DefaultRingSize       = 2048
-	DefaultPortRange      = "32768-60999"
-	DefaultMaxConntrack   = 262144
-	DefaultBatchSize      = 64
-	DefaultMetricsAddress = "127.0.0.1:10249"
-	DefaultHealthzAddress = "0.0.0.0:10256"
-	DefaultAdminSocket    = "/run/xdproxy/admin.sock"
-)
+func (e FieldError) Error() string { return e.Field + ": " + e.Problem }
 
-func (c *Config) applyDefaults() {
-	for i := range c.Interfaces {
-		in := &c.Interfaces[i]
-		def := func(v *int, d int) {
-			if *v == 0 {
-				*v = d
-			}
-		}
-		def(&in.FrameSize, DefaultFrameSize)
-		def(&in.NumFrames, DefaultNumFrames)
-		def(&in.RxRingSize, DefaultRingSize)
-		def(&in.TxRingSize, DefaultRingSize)
-		def(&in.FillRingSize, DefaultRingSize)
-		def(&in.CompletionRingSize, DefaultRingSize)
-		if in.XDPMode == "" {
-			in.XDPMode = "auto"
-		}
-		if in.BindMode == "" {
-			in.BindMode = "auto"
-		}
-		if len(in.Queues) == 0 {
-			in.Queues = []int{0}
-		}
+// Errors is every problem found in a file, in the order of the file's
+// fields. Its message is the one problem, or a count and one problem per
+// line.
+type Errors []FieldError
+
+func (e Errors) Error() string {
+	if len(e) == 1 {
+		return e[0].Error()
 	}
-	if c.Masquerade.PortRange == "" {
-		c.Masquerade.PortRange = DefaultPortRange
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d problems:", len(e))
+	for _, fe := range e {
+		b.WriteString("\n\t" + fe.Error())
 	}
-	if c.Conntrack.MaxEntries == 0 {
-		c.Conntrack.MaxEntries = DefaultMaxConntrack
-	}
-	if c.Scheduler == "" {
-		c.Scheduler = "random"
-	}
-	if c.MetricsAddress == "" {
-		c.MetricsAddress = DefaultMetricsAddress
-	}
-	if c.HealthzAddress == "" {
-		c.HealthzAddress = DefaultHealthzAddress
-	}
-	if c.AdminSocket == "" {
-		c.AdminSocket = DefaultAdminSocket
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
-	}
-	if k := c.Services.Kubernetes; k != nil {
-		if k.QPS == 0 {
-			k.QPS = 50
-		}
-		if k.Burst == 0 {
-			k.Burst = 100
-		}
-		if k.MinSyncPeriod.Duration == 0 {
-			k.MinSyncPeriod.Duration = time.Second
-		}
-		if k.MaxSyncPeriod.Duration == 0 {
-			k.MaxSyncPeriod.Duration = time.Hour
-		}
-		if k.ProxyName == "" {
-			k.ProxyName = "xdproxy"
-		}
-	}
+	return b.String()
 }
 
-// fieldErrors collects "field: problem" messages.
-type fieldErrors []string
-
-func (e *fieldErrors) add(field, format string, args ...any) {
-	*e = append(*e, field+": "+fmt.Sprintf(format, args...))
+func (e *Errors) add(field, format string, args ...any) {
+	*e = append(*e, FieldError{field, fmt.Sprintf(format, args...)})
 }
 
-func isPow2(n int) bool { return n > 0 && n&(n-1) == 0 }
+// orDefault returns *p, or def when the file leaves the field out.
+func orDefault[T any](p *T, def T) T {
+	if p == nil {
+		return def
+	}
+	return *p
+}
 
-// Validate checks every field and reports all problems at once.
-func (c *Config) Validate() error {
-	var errs fieldErrors
+func orDefaultDuration(p *duration, def time.Duration) time.Duration {
+	if p == nil {
+		return def
+	}
+	return p.Duration
+}
+
+// convert parses, defaults and validates f field by field, in the file's
+// order, then checks the rules that span fields.
+func (f *fileV1alpha1) convert(h Host, errs *Errors) *Config {
+	c := &Config{NodeName: f.NodeName, NodeZone: f.NodeZone, BusyPoll: f.BusyPoll}
 	if c.NodeName == "" {
 		errs.add("nodeName", "required")
+	} else if p := validation.IsDNS1123Subdomain(c.NodeName); len(p) > 0 {
+		errs.add("nodeName", "%q is not a node name: %s", c.NodeName, strings.Join(p, "; "))
 	}
-	if len(c.Interfaces) == 0 {
+	if p := validation.IsValidLabelValue(c.NodeZone); len(p) > 0 {
+		errs.add("nodeZone", "%q is not a zone label value: %s", c.NodeZone, strings.Join(p, "; "))
+	}
+
+	if len(f.Interfaces) == 0 {
 		errs.add("interfaces", "at least one interface is required")
 	}
-	seenIf := map[string]bool{}
-	for i, in := range c.Interfaces {
-		f := fmt.Sprintf("interfaces[%d]", i)
-		if in.Name == "" {
-			errs.add(f+".name", "required")
-		} else if len(in.Name) > 15 {
-			errs.add(f+".name", "%q is longer than 15 characters", in.Name)
-		} else if seenIf[in.Name] {
-			errs.add(f+".name", "%q listed twice", in.Name)
-		}
-		seenIf[in.Name] = true
-		if len(in.CPUs) != len(in.Queues) {
-			errs.add(f+".cpus", "%d CPUs for %d queues; name one CPU per queue", len(in.CPUs), len(in.Queues))
-		}
-		seenQ := map[int]bool{}
-		for j, q := range in.Queues {
-			if q < 0 || q > 1023 {
-				errs.add(fmt.Sprintf("%s.queues[%d]", f, j), "%d out of range 0-1023", q)
-			}
-			if seenQ[q] {
-				errs.add(fmt.Sprintf("%s.queues[%d]", f, j), "queue %d listed twice", q)
-			}
-			seenQ[q] = true
-		}
-		for j, cpu := range in.CPUs {
-			if cpu < 0 || cpu >= 4096 {
-				errs.add(fmt.Sprintf("%s.cpus[%d]", f, j), "%d is not a CPU number", cpu)
+	firstFrame := -1 // the first interface with a valid frame size
+	for i := range f.Interfaces {
+		in, frameOK := f.Interfaces[i].convert(fmt.Sprintf("interfaces[%d]", i), h, errs)
+		for j := range i {
+			if in.Name != "" && in.Name == c.Interfaces[j].Name {
+				errs.add(fmt.Sprintf("interfaces[%d].name", i), "%q listed twice", in.Name)
+				break
 			}
 		}
-		switch in.XDPMode {
-		case "native", "generic", "auto":
-		default:
-			errs.add(f+".xdpMode", "%q: want native, generic or auto", in.XDPMode)
-		}
-		switch in.BindMode {
-		case "copy", "zerocopy", "auto":
-		default:
-			errs.add(f+".bindMode", "%q: want copy, zerocopy or auto", in.BindMode)
-		}
-		if in.FrameSize != 2048 && in.FrameSize != 4096 {
-			errs.add(f+".frameSize", "%d: want 2048 or 4096", in.FrameSize)
-		}
-		for _, r := range []struct {
-			name string
-			v    int
-		}{{"numFrames", in.NumFrames}, {"rxRingSize", in.RxRingSize}, {"txRingSize", in.TxRingSize},
-			{"fillRingSize", in.FillRingSize}, {"completionRingSize", in.CompletionRingSize}} {
-			if !isPow2(r.v) {
-				errs.add(f+"."+r.name, "%d is not a power of two", r.v)
-			} else if r.name != "numFrames" && r.v > in.NumFrames {
-				errs.add(f+"."+r.name, "%d is larger than numFrames (%d)", r.v, in.NumFrames)
+		if fs := in.Socket.FrameSize; frameOK {
+			if firstFrame < 0 {
+				firstFrame = i
+			} else if first := c.Interfaces[firstFrame].Socket.FrameSize; fs != first {
+				errs.add(fmt.Sprintf("interfaces[%d].frameSize", i),
+					"%d differs from interfaces[%d].frameSize %d; every interface must use the same frame size", fs, firstFrame, first)
 			}
 		}
+		c.Interfaces = append(c.Interfaces, in)
 	}
-	switch {
-	case c.Services.File == "" && c.Services.Kubernetes == nil:
-		errs.add("services", "set either file or kubernetes")
-	case c.Services.File != "" && c.Services.Kubernetes != nil:
-		errs.add("services", "set only one of file and kubernetes")
-	}
-	if k := c.Services.Kubernetes; k != nil {
-		if k.QPS < 0 {
-			errs.add("services.kubernetes.qps", "must not be negative")
-		}
-		if k.Burst < 0 {
-			errs.add("services.kubernetes.burst", "must not be negative")
-		}
-		if k.MinSyncPeriod.Duration > k.MaxSyncPeriod.Duration {
-			errs.add("services.kubernetes.minSyncPeriod", "%v is longer than maxSyncPeriod %v", k.MinSyncPeriod, k.MaxSyncPeriod)
-		}
-	}
-	if _, err := c.ClusterCIDRs(); err != nil {
-		errs.add("clusterCIDR", "%v", err)
-	}
-	for i, s := range c.NodePortAddresses {
-		if _, err := netip.ParsePrefix(s); err != nil {
-			errs.add(fmt.Sprintf("nodePortAddresses[%d]", i), "%q is not a CIDR", s)
-		}
-	}
-	if c.Masquerade.Address != "" {
-		if _, err := netip.ParseAddr(c.Masquerade.Address); err != nil {
-			errs.add("masquerade.address", "%q is not an IP address", c.Masquerade.Address)
-		}
-	}
-	if _, _, err := c.PortRange(); err != nil {
-		errs.add("masquerade.portRange", "%v", err)
-	}
-	if c.Conntrack.MaxEntries < 1024 {
-		errs.add("conntrack.maxEntries", "%d is below the minimum of 1024", c.Conntrack.MaxEntries)
-	}
-	switch c.Scheduler {
-	case "random", "roundrobin", "maglev":
-	default:
-		errs.add("scheduler", "%q: want random, roundrobin or maglev", c.Scheduler)
-	}
-	for _, t := range []struct {
-		name string
-		v    int
-	}{{"maxFrontends", c.XDPTables.MaxFrontends}, {"maxBackends", c.XDPTables.MaxBackends}, {"maxAddresses", c.XDPTables.MaxAddresses}} {
-		if t.v < 0 || t.v > 1<<24 {
-			errs.add("xdpTables."+t.name, "%d out of range 0-16777216", t.v)
-		}
-	}
-	if c.BatchSize < 1 || c.BatchSize > 1024 {
-		errs.add("batchSize", "%d out of range 1-1024", c.BatchSize)
-	}
-	for _, a := range []struct{ name, v string }{{"metricsAddress", c.MetricsAddress}, {"healthzAddress", c.HealthzAddress}} {
-		if _, err := netip.ParseAddrPort(a.v); err != nil {
-			errs.add(a.name, "%q is not host:port (%v)", a.v, err)
-		}
-	}
-	if len(errs) > 0 {
-		return errors.New(strings.Join(errs, "; "))
-	}
-	return nil
-}
 
-// ClusterCIDRs parses ClusterCIDR.
-func (c *Config) ClusterCIDRs() ([]netip.Prefix, error) {
-	var out []netip.Prefix
-	for _, s := range strings.Split(c.ClusterCIDR, ",") {
+	c.ExceptionInterface = f.ExceptionInterface
+	if c.ExceptionInterface == "" {
+		c.ExceptionInterface = DefaultExceptionInterface
+	}
+	if checkIfName("exceptionInterface", c.ExceptionInterface, errs) {
+		for i, in := range c.Interfaces {
+			if in.Name == c.ExceptionInterface {
+				errs.add("exceptionInterface", "%q is also interfaces[%d].name; name a device xdproxy may create", in.Name, i)
+			}
+		}
+	}
+
+	c.Services = f.Services.convert(errs)
+
+	for s := range strings.SplitSeq(f.ClusterCIDR, ",") {
 		s = strings.TrimSpace(s)
 		if s == "" {
 			continue
 		}
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			return nil, fmt.Errorf("%q is not a CIDR", s)
+		if p, err := netip.ParsePrefix(s); err != nil {
+			errs.add("clusterCIDR", "%q is not a CIDR", s)
+		} else {
+			c.ClusterCIDRs = append(c.ClusterCIDRs, p.Masked())
 		}
-		out = append(out, p.Masked())
 	}
-	return out, nil
+	for i, s := range f.NodePortAddresses {
+		if p, err := netip.ParsePrefix(s); err != nil {
+			errs.add(fmt.Sprintf("nodePortAddresses[%d]", i), "%q is not a CIDR", s)
+		} else {
+			c.NodePortAddresses = append(c.NodePortAddresses, p.Masked())
+		}
+	}
+
+	c.Masquerade = f.Masquerade.convert(errs)
+	c.Conntrack = f.Conntrack.convert(errs)
+
+	c.Scheduler = DefaultScheduler
+	if f.Scheduler != "" {
+		if s, ok := schedulers[f.Scheduler]; ok {
+			c.Scheduler = s
+		} else {
+			errs.add("scheduler", "%q: want random, roundrobin or maglev", f.Scheduler)
+		}
+	}
+
+	c.MetricsAddress = addrPort("metricsAddress", f.MetricsAddress, DefaultMetricsAddress, errs)
+	c.HealthzAddress = addrPort("healthzAddress", f.HealthzAddress, DefaultHealthzAddress, errs)
+	if c.MetricsAddress.IsValid() && c.MetricsAddress == c.HealthzAddress && c.MetricsAddress.Port() != 0 {
+		errs.add("healthzAddress", "%s is also metricsAddress", c.HealthzAddress)
+	}
+
+	c.AdminSocket = f.AdminSocket
+	if c.AdminSocket == "" {
+		c.AdminSocket = DefaultAdminSocket
+	}
+	if n := len(c.AdminSocket); n > maxUnixPathLen {
+		errs.add("adminSocket", "%q is %d bytes long; a unix socket path holds at most %d", c.AdminSocket, n, maxUnixPathLen)
+	}
+	c.StateDir = absDir("stateDir", f.StateDir, DefaultStateDir, errs)
+	c.BPFFSDir = absDir("bpffsDir", f.BPFFSDir, DefaultBPFFSDir, errs)
+
+	c.BatchSize = orDefault(f.BatchSize, DefaultBatchSize)
+	if c.BatchSize < 1 || c.BatchSize > maxBatchSize {
+		errs.add("batchSize", "%d out of range 1-%d", c.BatchSize, maxBatchSize)
+	}
+	c.XDPTables = XDPTables{
+		MaxFrontends: tableSize("xdpTables.maxFrontends", f.XDPTables.MaxFrontends, xdp.DefaultMaxFrontends, errs),
+		MaxAddresses: tableSize("xdpTables.maxAddresses", f.XDPTables.MaxAddresses, xdp.DefaultMaxAddrs, errs),
+	}
+	return c
 }
 
-// PortRange parses Masquerade.PortRange.
-func (c *Config) PortRange() (lo, hi uint16, err error) {
-	a, b, ok := strings.Cut(c.Masquerade.PortRange, "-")
+var (
+	schedulers = map[string]service.Scheduler{"random": service.Random, "roundrobin": service.RoundRobin, "maglev": service.Maglev}
+	xdpModes   = map[string]xdp.Mode{"auto": xdp.Auto, "native": xdp.Native, "generic": xdp.Generic}
+	bindModes  = map[string]afxdp.BindMode{"auto": afxdp.Auto, "copy": afxdp.Copy, "zerocopy": afxdp.ZeroCopy}
+)
+
+// convert also says whether the frame size is valid, for the comparison of
+// frame sizes across interfaces.
+func (f *fileInterface) convert(path string, h Host, errs *Errors) (_ Interface, frameOK bool) {
+	in := Interface{Name: f.Name, XDPMode: xdp.Auto, BindMode: afxdp.Auto}
+	checkIfName(path+".name", f.Name, errs)
+
+	if f.Queues != nil {
+		if len(f.Queues) == 0 {
+			errs.add(path+".queues", "empty; leave it out to serve every RX queue")
+		}
+		in.Queues = make([]int, 0, len(f.Queues))
+	}
+	for j, q := range f.Queues {
+		field := fmt.Sprintf("%s.queues[%d]", path, j)
+		switch {
+		case q < 0 || q > maxQueue:
+			errs.add(field, "%d out of range 0-%d", q, maxQueue)
+		case slices.Contains(f.Queues[:j], q):
+			errs.add(field, "queue %d listed twice", q)
+		}
+		in.Queues = append(in.Queues, q)
+	}
+
+	if f.CPUs != nil {
+		if len(f.CPUs) == 0 {
+			errs.add(path+".cpus", "empty; leave it out to use every CPU xdproxy may run on")
+		}
+		in.CPUs = make([]int, 0, len(f.CPUs))
+	}
+	for j, cpu := range f.CPUs {
+		field := fmt.Sprintf("%s.cpus[%d]", path, j)
+		if cpu < 0 {
+			errs.add(field, "%d is not a CPU number", cpu)
+		} else if p := h.checkCPU(cpu); p != "" {
+			errs.add(field, "%s", p)
+		}
+		in.CPUs = append(in.CPUs, cpu)
+	}
+
+	if f.XDPMode != "" {
+		if m, ok := xdpModes[f.XDPMode]; ok {
+			in.XDPMode = m
+		} else {
+			errs.add(path+".xdpMode", "%q: want native, generic or auto", f.XDPMode)
+		}
+	}
+	if f.BindMode != "" {
+		if m, ok := bindModes[f.BindMode]; ok {
+			in.BindMode = m
+		} else {
+			errs.add(path+".bindMode", "%q: want copy, zerocopy or auto", f.BindMode)
+		}
+	}
+
+	d := afxdp.DefaultConfig()
+	in.Socket = afxdp.Config{
+		NumFrames:          orDefault(f.NumFrames, d.NumFrames),
+		FrameSize:          orDefault(f.FrameSize, d.FrameSize),
+		FillRingSize:       orDefault(f.FillRingSize, d.FillRingSize),
+		CompletionRingSize: orDefault(f.CompletionRingSize, d.CompletionRingSize),
+		RxRingSize:         orDefault(f.RxRingSize, d.RxRingSize),
+		TxRingSize:         orDefault(f.TxRingSize, d.TxRingSize),
+		Mode:               in.BindMode,
+		NeedWakeup:         true,
+	}
+	bad := checkSocket(path, in.Socket, errs)
+	return in, !bad["FrameSize"]
+}
+
+// socketFields maps afxdp.Config's field names, which its Validate errors
+// start with, to the file's.
+var socketFields = map[string]string{
+	"NumFrames": "numFrames", "FrameSize": "frameSize", "FillRingSize": "fillRingSize",
+	"CompletionRingSize": "completionRingSize", "RxRingSize": "rxRingSize", "TxRingSize": "txRingSize",
+	"Mode": "bindMode",
+}
+
+var socketFieldNames = func() *strings.Replacer {
+	var r []string
+	for g, f := range socketFields {
+		r = append(r, g, f)
+	}
+	return strings.NewReplacer(r...)
+}()
+
+// checkSocket reports every problem afxdp.Config.Validate finds in sc, each
+// under the file's field path. Validate stops at the first problem, so each
+// reported field is replaced by a value Validate accepts and the check runs
+// again, until it passes or names a field a second time. It returns the
+// fields reported, by their afxdp.Config names.
+func checkSocket(path string, sc afxdp.Config, errs *Errors) (reported map[string]bool) {
+	reported = map[string]bool{}
+	for range len(socketFields) + 1 {
+		err := sc.Validate()
+		if err == nil {
+			return reported
+		}
+		msg := strings.TrimPrefix(err.Error(), afxdp.ErrInvalidConfig.Error()+": ")
+		goName, problem, _ := strings.Cut(msg, " ")
+		field, ok := socketFields[goName]
+		if !ok || reported[goName] {
+			if !ok {
+				errs.add(path, "%s", msg)
+			}
+			return reported
+		}
+		reported[goName] = true
+		errs.add(path+"."+field, "%s", socketFieldNames.Replace(problem))
+		d := afxdp.DefaultConfig()
+		switch goName {
+		case "NumFrames":
+			// Big enough for every ring, so that the rings are not also
+			// reported as larger than a number of frames that is wrong.
+			sc.NumFrames = d.NumFrames
+			for _, r := range []int{sc.FillRingSize, sc.CompletionRingSize, sc.RxRingSize, sc.TxRingSize} {
+				if r > sc.NumFrames && r&(r-1) == 0 {
+					sc.NumFrames = r
+				}
+			}
+		case "FrameSize":
+			sc.FrameSize = d.FrameSize
+		case "FillRingSize":
+			sc.FillRingSize = 1
+		case "CompletionRingSize":
+			sc.CompletionRingSize = 1
+		case "RxRingSize":
+			sc.RxRingSize = 1
+		case "TxRingSize":
+			sc.TxRingSize = 1
+		case "Mode":
+			sc.Mode = afxdp.Auto
+		}
+	}
+	return reported
+}
+
+// checkIfName checks a network device name the way the kernel's
+// dev_valid_name does, and reports whether it is valid.
+func checkIfName(field, name string, errs *Errors) bool {
+	switch {
+	case name == "":
+		errs.add(field, "required")
+	case len(name) > maxIfNameLen:
+		errs.add(field, "%q is longer than %d characters", name, maxIfNameLen)
+	case name == "." || name == ".." || strings.ContainsAny(name, "/: \t\n\v\f\r\x00"):
+		errs.add(field, "%q is not a valid interface name", name)
+	default:
+		return true
+	}
+	return false
+}
+
+func (f *fileServices) convert(errs *Errors) Services {
+	s := Services{File: f.File}
+	switch {
+	case f.File == "" && f.Kubernetes == nil:
+		errs.add("services", "set either file or kubernetes")
+	case f.File != "" && f.Kubernetes != nil:
+		errs.add("services", "set only one of file and kubernetes")
+	}
+	fk := f.Kubernetes
+	if fk == nil {
+		return s
+	}
+	const p = "services.kubernetes."
+	k := &Kubernetes{
+		Kubeconfig:    fk.Kubeconfig,
+		APIServer:     strings.TrimSuffix(fk.APIServer, "/"),
+		QPS:           orDefault(fk.QPS, float32(kubesource.DefaultQPS)),
+		Burst:         orDefault(fk.Burst, kubesource.DefaultBurst),
+		MinSyncPeriod: orDefaultDuration(fk.MinSyncPeriod, kubesource.DefaultMinSyncPeriod),
+		MaxSyncPeriod: orDefaultDuration(fk.MaxSyncPeriod, kubesource.DefaultMaxSyncPeriod),
+		ProxyName:     fk.ProxyName,
+	}
+	if fk.APIServer != "" && !isAPIServerURL(fk.APIServer) {
+		errs.add(p+"apiServer", "%q: want https://host:port", fk.APIServer)
+	}
+	if !(k.QPS > 0) {
+		errs.add(p+"qps", "%v must be positive", k.QPS)
+	}
+	if k.Burst < 1 {
+		errs.add(p+"burst", "%d must be at least 1", k.Burst)
+	}
+	if k.MinSyncPeriod < 0 {
+		errs.add(p+"minSyncPeriod", "%v must not be negative", k.MinSyncPeriod)
+	}
+	if k.MaxSyncPeriod <= 0 {
+		errs.add(p+"maxSyncPeriod", "%v must be positive", k.MaxSyncPeriod)
+	} else if k.MinSyncPeriod > k.MaxSyncPeriod {
+		errs.add(p+"minSyncPeriod", "%v is longer than maxSyncPeriod %v", k.MinSyncPeriod, k.MaxSyncPeriod)
+	}
+	if k.ProxyName == "" {
+		k.ProxyName = k8sconv.DefaultProxyName
+	} else if v := validation.IsValidLabelValue(k.ProxyName); len(v) > 0 {
+		errs.add(p+"proxyName", "%q is not a label value: %s", k.ProxyName, strings.Join(v, "; "))
+	}
+	s.Kubernetes = k
+	return s
+}
+
+// isAPIServerURL accepts https://host:port and nothing more (a trailing
+// slash aside).
+func isAPIServerURL(s string) bool {
+	u, err := url.Parse(s)
+	if err != nil || u.Scheme != "https" || u.User != nil || u.RawQuery != "" || u.Fragment != "" ||
+		u.Opaque != "" || (u.Path != "" && u.Path != "/") {
+		return false
+	}
+	host, port, err := net.SplitHostPort(u.Host)
+	if err != nil || host == "" {
+		return false
+	}
+	n, err := strconv.ParseUint(port, 10, 16)
+	return err == nil && n > 0
+}
+
+func (f *fileMasquerade) convert(errs *Errors) Masquerade {
+	m := Masquerade{Ports: DefaultPorts, All: f.All, ReservePorts: f.ReservePorts}
+	if f.Address != "" {
+		if a, err := netip.ParseAddr(f.Address); err != nil || a.Zone() != "" {
+			errs.add("masquerade.address", "%q is not an IP address", f.Address)
+		} else {
+			m.Address = a.Unmap()
+		}
+	}
+	if f.PortRange != "" {
+		if r, err := parsePortRange(f.PortRange); err != nil {
+			errs.add("masquerade.portRange", "%v", err)
+		} else {
+			m.Ports = r
+		}
+	}
+	return m
+}
+
+// parsePortRange reads "min-max", inclusive.
+func parsePortRange(s string) (conntrack.PortRange, error) {
+	a, b, ok := strings.Cut(s, "-")
 	if !ok {
-		return 0, 0, fmt.Errorf("%q: want min-max", c.Masquerade.PortRange)
+		return conntrack.PortRange{}, fmt.Errorf("%q: want min-max", s)
 	}
 	l, err1 := strconv.ParseUint(strings.TrimSpace(a), 10, 16)
 	h, err2 := strconv.ParseUint(strings.TrimSpace(b), 10, 16)
 	if err1 != nil || err2 != nil || l == 0 || l > h {
-		return 0, 0, fmt.Errorf("%q: want min-max with 1 <= min <= max <= 65535", c.Masquerade.PortRange)
+		return conntrack.PortRange{}, fmt.Errorf("%q: want min-max with 1 <= min <= max <= 65535", s)
 	}
-	if h-l+1 < 64 {
-		return 0, 0, fmt.Errorf("%q holds fewer than 64 ports", c.Masquerade.PortRange)
+	if h-l+1 < minPorts {
+		return conntrack.PortRange{}, fmt.Errorf("%q holds fewer than %d ports", s, minPorts)
 	}
-	return uint16(l), uint16(h), nil
+	return conntrack.PortRange{First: uint16(l), Last: uint16(h)}, nil
+}
+
+func (f *fileConntrack) convert(errs *Errors) Conntrack {
+	c := Conntrack{MaxEntries: orDefault(f.MaxEntries, DefaultMaxEntries)}
+	if c.MaxEntries < minMaxEntries {
+		errs.add("conntrack.maxEntries", "%d is below the minimum of %d", c.MaxEntries, minMaxEntries)
+	} else if c.MaxEntries > conntrack.MaxCapacity {
+		errs.add("conntrack.maxEntries", "%d is above the maximum of %d", c.MaxEntries, conntrack.MaxCapacity)
+	}
+	timeout := func(name string, p *duration, def time.Duration) time.Duration {
+		if p == nil {
+			return def
+		}
+		if p.Duration <= 0 {
+			errs.add("conntrack."+name, "%v must be positive", p.Duration)
+		}
+		return p.Duration
+	}
+	t := &c.Timeouts
+	*t = DefaultTimeouts // fields the file cannot set keep their defaults
+	for _, x := range []struct {
+		name string
+		p    *duration
+		v    *time.Duration
+	}{
+		{"tcpSynSentTimeout", f.TCPSynSent, &t.TCPSynSent},
+		{"tcpSynRecvTimeout", f.TCPSynRecv, &t.TCPSynRecv},
+		{"tcpEstablishedTimeout", f.TCPEstablished, &t.TCPEstablished},
+		{"tcpFinWaitTimeout", f.TCPFinWait, &t.TCPFinWait},
+		{"tcpCloseWaitTimeout", f.TCPCloseWait, &t.TCPCloseWait},
+		{"tcpLastAckTimeout", f.TCPLastAck, &t.TCPLastAck},
+		{"tcpTimeWaitTimeout", f.TCPTimeWait, &t.TCPTimeWait},
+		{"tcpCloseTimeout", f.TCPClose, &t.TCPClose},
+		{"udpTimeout", f.UDPUnreplied, &t.UDPUnreplied},
+		{"udpStreamTimeout", f.UDPReplied, &t.UDPReplied},
+		{"icmpTimeout", f.ICMP, &t.ICMPEcho},
+	} {
+		*x.v = timeout(x.name, x.p, *x.v)
+	}
+	c.FragmentTimeout = timeout("fragmentTimeout", f.FragmentTimeout, 0)
+	if f.FragmentMaxEntries != nil {
+		c.FragmentMaxEntries = *f.FragmentMaxEntries
+		if c.FragmentMaxEntries < 1 {
+			errs.add("conntrack.fragmentMaxEntries", "%d must be at least 1", c.FragmentMaxEntries)
+		}
+	}
+	return c
+}
+
+func addrPort(field, s, def string, errs *Errors) netip.AddrPort {
+	if s == "" {
+		s = def
+	}
+	a, err := netip.ParseAddrPort(s)
+	if err != nil {
+		errs.add(field, "%q is not host:port (%v)", s, err)
+	}
+	return a
+}
+
+func absDir(field, s, def string, errs *Errors) string {
+	if s == "" {
+		return def
+	}
+	if !filepath.IsAbs(s) {
+		errs.add(field, "%q is not an absolute path", s)
+	}
+	return filepath.Clean(s)
+}
+
+func tableSize(field string, p *int, def int, errs *Errors) int {
+	n := orDefault(p, def)
+	if n < 1 || n > maxTableSize {
+		errs.add(field, "%d out of range 1-%d", n, maxTableSize)
+	}
+	return n
 }
