@@ -90,6 +90,7 @@ endpoints:
 `
 
 func main() {
+	testbed.ServeIfRequested() // the backend servers are this program run again
 	bin := flag.String("bin", "bin", "folder with the xdproxy binary")
 	requests := flag.Int("requests", 30, "HTTP requests and UDP datagrams to send")
 	flag.Parse()

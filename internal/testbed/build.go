@@ -166,15 +166,15 @@ func (tb *Testbed) build() error {
 		return err
 	}
 
-	q := tb.opts.Queues
-	if err := tb.veth(node, NodeClientIface, client, ClientIface, q); err != nil {
+	q, mtu := tb.opts.Queues, tb.opts.MTU
+	if err := addVeth(node, NodeClientIface, client, ClientIface, q, mtu); err != nil {
 		return err
 	}
-	if err := tb.veth(node, NodeLANIface, lan, LANNodePort, q); err != nil {
+	if err := addVeth(node, NodeLANIface, lan, LANNodePort, q, mtu); err != nil {
 		return err
 	}
 	for i, b := range tb.backends {
-		if err := tb.veth(handles[b.NS], BackendIface, lan, fmt.Sprintf("lb%d", i), 1); err != nil {
+		if err := addVeth(handles[b.NS], BackendIface, lan, fmt.Sprintf("lb%d", i), 1, mtu); err != nil {
 			return err
 		}
 	}
@@ -198,13 +198,13 @@ func (tb *Testbed) build() error {
 		}
 	}
 
-	if err := tb.address(client, &tb.client, 24, 64); err != nil {
+	if err := address(client, &tb.client, 24, 64); err != nil {
 		return err
 	}
-	if err := tb.address(node, &tb.nodeC, 24, 64); err != nil {
+	if err := address(node, &tb.nodeC, 24, 64); err != nil {
 		return err
 	}
-	if err := tb.address(node, &tb.nodeL, 24, 64); err != nil {
+	if err := address(node, &tb.nodeL, 24, 64); err != nil {
 		return err
 	}
 	if err := defaultRoute(client, tb.client.IfIndex, NodeClientAddr, NodeClientAddr6, tb.opts.IPv6); err != nil {
@@ -213,7 +213,7 @@ func (tb *Testbed) build() error {
 	for i := range tb.backends {
 		b := &tb.backends[i]
 		h := handles[b.NS]
-		if err := tb.address(h, b, 24, 64); err != nil {
+		if err := address(h, b, 24, 64); err != nil {
 			return err
 		}
 		if err := defaultRoute(h, b.IfIndex, NodeLANAddr, NodeLANAddr6, tb.opts.IPv6); err != nil {
@@ -222,7 +222,7 @@ func (tb *Testbed) build() error {
 	}
 	hosts := append([]Host{tb.client, tb.nodeC, tb.nodeL}, tb.backends...)
 	for _, host := range hosts {
-		if err := tb.waitReady(handles[host.NS], host.Iface); err != nil {
+		if err := waitReady(handles[host.NS], host.Iface, tb.opts.IPv6); err != nil {
 			return err
 		}
 	}
@@ -232,14 +232,14 @@ func (tb *Testbed) build() error {
 // readyTimeout bounds the wait for carrier and link-local addresses.
 const readyTimeout = 5 * time.Second
 
-// waitReady waits until iface has carrier and, with IPv6, a link-local
+// waitReady waits until iface has carrier and, with v6, a link-local
 // address that is not tentative: carrier comes up asynchronously, and
 // until it does (and IPv6 has its link-local address) the first packets
 // or neighbour solicitations are lost.
-func (tb *Testbed) waitReady(h *nsHandles, iface string) error {
+func waitReady(h *nsHandles, iface string, v6 bool) error {
 	deadline := time.Now().Add(readyTimeout)
 	for {
-		ready, why := tb.isReady(h, iface)
+		ready, why := isReady(h, iface, v6)
 		if ready {
 			return nil
 		}
@@ -250,7 +250,7 @@ func (tb *Testbed) waitReady(h *nsHandles, iface string) error {
 	}
 }
 
-func (tb *Testbed) isReady(h *nsHandles, iface string) (bool, string) {
+func isReady(h *nsHandles, iface string, v6 bool) (bool, string) {
 	l, err := h.nl.LinkByName(iface)
 	if err != nil {
 		return false, err.Error()
@@ -258,7 +258,7 @@ func (tb *Testbed) isReady(h *nsHandles, iface string) (bool, string) {
 	if l.Attrs().OperState != netlink.OperUp {
 		return false, "operstate " + l.Attrs().OperState.String()
 	}
-	if !tb.opts.IPv6 {
+	if !v6 {
 		return true, ""
 	}
 	addrs, err := h.nl.AddrList(l, netlink.FAMILY_V6)
@@ -292,15 +292,16 @@ func linkUp(h *nsHandles, name string) error {
 	return nil
 }
 
-// veth creates name in a with its peer in b, both with q queues.
-func (tb *Testbed) veth(a *nsHandles, name string, b *nsHandles, peer string, q int) error {
+// addVeth creates name in a with its peer in b, both with q queues and the
+// MTU mtu (0: the kernel's default).
+func addVeth(a *nsHandles, name string, b *nsHandles, peer string, q, mtu int) error {
 	v := &netlink.Veth{
-		LinkAttrs:       netlink.LinkAttrs{Name: name, MTU: tb.opts.MTU, NumTxQueues: q, NumRxQueues: q},
+		LinkAttrs:       netlink.LinkAttrs{Name: name, MTU: mtu, NumTxQueues: q, NumRxQueues: q},
 		PeerName:        peer,
 		PeerNamespace:   netlink.NsFd(b.ns),
 		PeerNumTxQueues: uint32(q),
 		PeerNumRxQueues: uint32(q),
-		PeerMTU:         uint32(tb.opts.MTU),
+		PeerMTU:         uint32(mtu),
 	}
 	if err := a.nl.LinkAdd(v); err != nil {
 		return fmt.Errorf("testbed: veth %s/%s - %s/%s: %w", a.name, name, b.name, peer, err)
@@ -310,7 +311,7 @@ func (tb *Testbed) veth(a *nsHandles, name string, b *nsHandles, peer string, q 
 
 // address brings h's interface up with its addresses and fills in the
 // index and MAC.
-func (tb *Testbed) address(h *nsHandles, host *Host, bits4, bits6 int) error {
+func address(h *nsHandles, host *Host, bits4, bits6 int) error {
 	l, err := h.nl.LinkByName(host.Iface)
 	if err != nil {
 		return fmt.Errorf("testbed: %s: %s: %w", h.name, host.Iface, err)
@@ -381,10 +382,15 @@ func (tb *Testbed) sysctls(node *nsHandles) error {
 	if tb.opts.IPv6 {
 		settings = append(settings, [2]string{"net/ipv6/conf/all/forwarding", "1"})
 	}
-	return doAt(node.ns, func() error {
+	return writeSysctls(node, settings)
+}
+
+// writeSysctls sets each {path under /proc/sys, value} in h's namespace.
+func writeSysctls(h *nsHandles, settings [][2]string) error {
+	return doAt(h.ns, func() error {
 		for _, s := range settings {
 			if err := os.WriteFile("/proc/sys/"+s[0], []byte(s[1]), 0o644); err != nil {
-				return fmt.Errorf("testbed: node sysctl %s: %w", s[0], err)
+				return fmt.Errorf("testbed: %s: sysctl %s: %w", h.name, s[0], err)
 			}
 		}
 		return nil

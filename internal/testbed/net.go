@@ -14,8 +14,12 @@ import (
 // Dial opens a connection from inside ns. The socket stays in ns, so the
 // connection can be used from any goroutine afterwards.
 func (tb *Testbed) Dial(ctx context.Context, ns, network, addr string) (net.Conn, error) {
+	return dialIn(ctx, ns, network, addr)
+}
+
+func dialIn(ctx context.Context, ns, network, addr string) (net.Conn, error) {
 	var c net.Conn
-	err := tb.Do(ns, func() error {
+	err := DoIn(ns, func() error {
 		var d net.Dialer
 		var err error
 		c, err = d.DialContext(ctx, network, addr)
@@ -28,11 +32,15 @@ func (tb *Testbed) Dial(ctx context.Context, ns, network, addr string) (net.Conn
 // Keep-alives are off so every request opens a fresh connection (and so a
 // fresh flow through the node).
 func (tb *Testbed) HTTPClient(ns string, timeout time.Duration) *http.Client {
+	return httpClientIn(ns, timeout)
+}
+
+func httpClientIn(ns string, timeout time.Duration) *http.Client {
 	return &http.Client{
 		Timeout: timeout,
 		Transport: &http.Transport{
 			DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-				return tb.Dial(ctx, ns, network, addr)
+				return dialIn(ctx, ns, network, addr)
 			},
 			DisableKeepAlives: true,
 		},
@@ -43,12 +51,16 @@ func (tb *Testbed) HTTPClient(ns string, timeout time.Duration) *http.Client {
 // for the matching reply. The machines have no ping binary, so this is the
 // testbed's own.
 func (tb *Testbed) Ping(ns string, dst netip.Addr, timeout time.Duration) error {
+	return pingIn(ns, dst, timeout)
+}
+
+func pingIn(ns string, dst netip.Addr, timeout time.Duration) error {
 	network, reqType, replyType := "ip4:icmp", byte(8), byte(0)
 	if dst.Is6() && !dst.Is4In6() {
 		network, reqType, replyType = "ip6:ipv6-icmp", 128, 129
 	}
 	var conn net.PacketConn
-	err := tb.Do(ns, func() error {
+	err := DoIn(ns, func() error {
 		var err error
 		conn, err = net.ListenPacket(network, "")
 		return err

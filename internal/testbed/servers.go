@@ -5,17 +5,16 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"runtime"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
-)
 
-// TestServerPackage is the import path of the backend server command.
-const TestServerPackage = "github.com/xdproxy/xdproxy/internal/testbed/cmd/xdproxy-testserver"
+	"github.com/xdproxy/xdproxy/internal/testbed/testserver"
+)
 
 // Ports the backend servers listen on.
 const (
@@ -24,91 +23,202 @@ const (
 	StreamPort = 5001
 )
 
-// builtBinary is the server binary, built once per process and shared by
-// the testbeds that use it; the last one to let go removes it.
-type builtBinary struct {
-	path string
-	dir  string
-	refs int
-}
+// serverReadyTimeout bounds the wait for a server's first line. A program
+// that does not call ServeIfRequested usually gives itself away at once
+// (its flag parsing refuses the server's flags), so this matters only for
+// one that ignores them.
+var serverReadyTimeout = 30 * time.Second
 
-var (
-	binMu  sync.Mutex
-	binCur *builtBinary
-)
-
-func acquireBinary() (*builtBinary, error) {
-	binMu.Lock()
-	defer binMu.Unlock()
-	if binCur != nil {
-		binCur.refs++
-		return binCur, nil
-	}
-	dir, err := os.MkdirTemp("", fmt.Sprintf("%s%d-server-", Prefix, os.Getpid()))
-	if err != nil {
-		return nil, err
-	}
-	path, err := BuildTestServer(dir)
-	if err != nil {
-		os.RemoveAll(dir)
-		return nil, err
-	}
-	binCur = &builtBinary{path: path, dir: dir, refs: 1}
-	return binCur, nil
-}
-
-func (b *builtBinary) release() {
-	binMu.Lock()
-	defer binMu.Unlock()
-	b.refs--
-	if b.refs == 0 {
-		os.RemoveAll(b.dir)
-		if binCur == b {
-			binCur = nil
-		}
-	}
-}
-
-// BuildTestServer builds the backend server into dir and returns its path.
-// It runs "go build", so the working directory must be inside the xdproxy
-// module (tests run in their package's folder, which is).
-func BuildTestServer(dir string) (string, error) {
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
-	out := filepath.Join(dir, "xdproxy-testserver")
-	cmd := exec.Command(goTool, "build", "-o", out, TestServerPackage)
-	if msg, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("testbed: go build %s: %w: %s", TestServerPackage, err, bytes.TrimSpace(msg))
-	}
-	return out, nil
+// serverSpec is one server process to start.
+type serverSpec struct {
+	ns     string
+	name   string
+	cgroup string // cgroup2 directory to start it in; "" leaves it in ours
 }
 
 type server struct {
+	spec   serverSpec
 	cmd    *exec.Cmd
-	done   chan struct{}
-	stderr bytes.Buffer
+	done   chan struct{} // closed once the process has been waited for
+	ready  chan error    // the first line's verdict
+	stderr tailBuffer
 }
 
-func (s *server) stop() {
-	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+// startServers starts one server process per spec, all at once, and waits
+// until every one listens. binary "" runs this program again (see
+// ServeIfRequested); otherwise binary must run testserver.Main, as
+// xdproxy-testserver does. On failure it stops the ones it started.
+func startServers(binary string, specs []serverSpec) ([]*server, error) {
+	if err := startedAsServer(); err != nil {
+		return nil, err
+	}
+	var servers []*server
+	var errs []error
+	for _, spec := range specs {
+		s, err := startServer(binary, spec)
+		if err != nil {
+			errs = append(errs, err)
+			break
+		}
+		servers = append(servers, s)
+	}
+	if len(errs) == 0 {
+		deadline := time.Now().Add(serverReadyTimeout)
+		for _, s := range servers {
+			if err := s.waitReady(binary, deadline); err != nil {
+				errs = append(errs, err)
+				break
+			}
+		}
+	}
+	if len(errs) > 0 {
+		stopServers(servers)
+		return nil, errors.Join(errs...)
+	}
+	return servers, nil
+}
+
+func startServer(binary string, spec serverSpec) (*server, error) {
+	path := binary
+	if path == "" {
+		// The running program's own file, even if it was replaced or
+		// deleted since it started.
+		path = "/proc/self/exe"
+	}
+	s := &server{spec: spec, done: make(chan struct{}), ready: make(chan error, 1)}
+	s.cmd = exec.Command(path, "-name", spec.name,
+		"-http", fmt.Sprintf(":%d", HTTPPort),
+		"-udp", fmt.Sprintf(":%d", UDPPort),
+		"-tcp", fmt.Sprintf(":%d", StreamPort))
+	if binary == "" {
+		s.cmd.Args[0] = os.Args[0]
+	}
+	s.cmd.Env = append(os.Environ(), serveEnv+"=1")
+	s.cmd.Stderr = &s.stderr
+	// A child of the server holding its stderr must not stall Wait.
+	s.cmd.WaitDelay = time.Second
+	stdout, err := s.cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if spec.cgroup != "" {
+		err = startInCgroup(spec.ns, spec.cgroup, s.cmd)
+	} else {
+		err = StartIn(spec.ns, s.cmd)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("testbed: start server %s in %s: %w", spec.name, spec.ns, err)
+	}
+	go func() {
+		r := bufio.NewReader(stdout)
+		line, err := r.ReadString('\n')
+		switch {
+		case err != nil && line == "":
+			s.ready <- fmt.Errorf("exited before saying it was ready (%w)", ErrNoServeHook)
+		case strings.TrimSuffix(line, "\n") == testserver.ReadyLine:
+			s.ready <- nil
+		case strings.HasPrefix(line, testserver.FailedLine):
+			s.ready <- errors.New(strings.TrimSpace(line))
+		default:
+			s.ready <- fmt.Errorf("printed %q instead of %q (%w)", strings.TrimSpace(line), testserver.ReadyLine, ErrNoServeHook)
+		}
+		// Drain, so a chatty process never blocks on a full pipe.
+		_, _ = r.WriteTo(io.Discard)
+	}()
+	go func() {
+		_ = s.cmd.Wait()
+		close(s.done)
+	}()
+	return s, nil
+}
+
+func (s *server) waitReady(binary string, deadline time.Time) error {
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	var err error
 	select {
-	case <-s.done:
-	case <-time.After(2 * time.Second):
+	case err = <-s.ready:
+	case <-timer.C:
+		err = fmt.Errorf("not ready after %v (%w)", serverReadyTimeout, ErrNoServeHook)
+	}
+	if err == nil {
+		return nil
+	}
+	if binary == "" {
+		binary = os.Args[0]
+	}
+	s.stop()
+	msg := fmt.Sprintf("testbed: server %s (%s) in %s: %v", s.spec.name, binary, s.spec.ns, err)
+	if tail := bytes.TrimSpace(s.stderr.Bytes()); len(tail) > 0 {
+		msg += "; its stderr: " + string(tail)
+	}
+	return &serverError{msg: msg, err: err}
+}
+
+// serverError keeps ErrNoServeHook visible to errors.Is.
+type serverError struct {
+	msg string
+	err error
+}
+
+func (e *serverError) Error() string { return e.msg }
+func (e *serverError) Unwrap() error { return e.err }
+
+// stop ends the process: SIGTERM, and SIGKILL if it is still there after
+// two seconds.
+func (s *server) stop() { stopServers([]*server{s}) }
+
+// stopServers stops every server, all at once.
+func stopServers(servers []*server) {
+	for _, s := range servers {
+		_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	deadline := time.After(2 * time.Second)
+	for _, s := range servers {
+		select {
+		case <-s.done:
+			continue
+		case <-deadline:
+		}
 		_ = s.cmd.Process.Kill()
 		<-s.done
 	}
 }
 
+// tailBuffer keeps the last 4 KiB written to it, for error messages.
+type tailBuffer struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+const tailSize = 4 << 10
+
+func (b *tailBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf = append(b.buf, p...)
+	if len(b.buf) > tailSize {
+		b.buf = append(b.buf[:0], b.buf[len(b.buf)-tailSize:]...)
+	}
+	return len(p), nil
+}
+
+func (b *tailBuffer) Bytes() []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return bytes.Clone(b.buf)
+}
+
 // StartServers starts the backend server in every backend namespace: HTTP
 // on :80 and UDP echo on :53 answering BackendName(i), and the stream
 // server on :5001 (see package testserver). It returns when all of them
-// listen; Close stops them. The binary is built once per process.
+// listen; Close stops them. The servers are this program run again (see
+// ServeIfRequested, which the program must call first).
 func (tb *Testbed) StartServers() error { return tb.StartServersWith("") }
 
-// StartServersWith is StartServers with a prebuilt server binary ("" builds
-// one).
+// StartServersWith is StartServers with another server binary, one that
+// runs testserver.Main (the xdproxy-testserver command does); "" runs this
+// program again.
 func (tb *Testbed) StartServersWith(binary string) error {
 	tb.mu.Lock()
 	defer tb.mu.Unlock()
@@ -118,71 +228,14 @@ func (tb *Testbed) StartServersWith(binary string) error {
 	if len(tb.servers) > 0 {
 		return errors.New("testbed: servers already started")
 	}
-	if binary == "" {
-		if tb.serverBin == nil {
-			b, err := acquireBinary()
-			if err != nil {
-				return err
-			}
-			tb.serverBin = b
-		}
-		binary = tb.serverBin.path
-	}
+	var specs []serverSpec
 	for i, b := range tb.backends {
-		s, err := tb.startServer(b.NS, binary, BackendName(i))
-		if err != nil {
-			for _, s := range tb.servers {
-				s.stop()
-			}
-			tb.servers = nil
-			return err
-		}
-		tb.servers = append(tb.servers, s)
+		specs = append(specs, serverSpec{ns: b.NS, name: BackendName(i)})
 	}
+	servers, err := startServers(binary, specs)
+	if err != nil {
+		return err
+	}
+	tb.servers = servers
 	return nil
 }
-
-func (tb *Testbed) startServer(ns, binary, name string) (*server, error) {
-	s := &server{done: make(chan struct{})}
-	s.cmd = tb.Command(ns, binary, "-name", name,
-		"-http", fmt.Sprintf(":%d", HTTPPort),
-		"-udp", fmt.Sprintf(":%d", UDPPort),
-		"-tcp", fmt.Sprintf(":%d", StreamPort))
-	s.cmd.Stderr = &s.stderr
-	stdout, err := s.cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := s.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("testbed: start server in %s: %w", ns, err)
-	}
-	ready := make(chan error, 1)
-	go func() {
-		line, err := bufio.NewReader(stdout).ReadString('\n')
-		if err == nil && line != "ready\n" {
-			err = fmt.Errorf("unexpected first line %q", line)
-		}
-		ready <- err
-		// Drain so a chatty server never blocks on a full pipe.
-		_, _ = bufio.NewReader(stdout).WriteTo(discard{})
-	}()
-	go func() {
-		_ = s.cmd.Wait()
-		close(s.done)
-	}()
-	select {
-	case err := <-ready:
-		if err == nil {
-			return s, nil
-		}
-		s.stop()
-		return nil, fmt.Errorf("testbed: server in %s: %v: %s", ns, err, bytes.TrimSpace(s.stderr.Bytes()))
-	case <-time.After(30 * time.Second):
-		s.stop()
-		return nil, fmt.Errorf("testbed: server in %s not ready after 30s: %s", ns, bytes.TrimSpace(s.stderr.Bytes()))
-	}
-}
-
-type discard struct{}
-
-func (discard) Write(b []byte) (int, error) { return len(b), nil }

@@ -26,8 +26,9 @@ func processAlive(pid int) bool {
 }
 
 // CleanupStale deletes the namespaces (and the processes in them) and the
-// server build folders left by testbeds whose creating process no longer
-// exists, such as runs killed by a timeout. It returns what it deleted.
+// cgroups (and the processes in them) left by testbeds whose creating
+// process no longer exists, such as runs killed by a timeout. It returns
+// what it deleted.
 func CleanupStale() ([]string, error) {
 	var deleted []string
 	var errs []error
@@ -46,17 +47,19 @@ func CleanupStale() ([]string, error) {
 		}
 		deleted = append(deleted, e.Name())
 	}
-	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), Prefix+"*"))
-	for _, d := range dirs {
-		pid, ok := ownerPID(filepath.Base(d))
-		if !ok || processAlive(pid) {
-			continue
+	if mnt, err := Cgroup2Mount(); err == nil {
+		dirs, _ := filepath.Glob(filepath.Join(mnt, Prefix+"*"))
+		for _, d := range dirs {
+			pid, ok := ownerPID(filepath.Base(d))
+			if !ok || processAlive(pid) {
+				continue
+			}
+			if err := removeCgroup(d); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			deleted = append(deleted, d)
 		}
-		if err := os.RemoveAll(d); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		deleted = append(deleted, d)
 	}
 	return deleted, errors.Join(errs...)
 }

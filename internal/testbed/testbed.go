@@ -95,14 +95,16 @@ type Testbed struct {
 	lan      string
 	backends []Host
 
-	mu        sync.Mutex
-	closed    bool
-	servers   []*server
-	serverBin *builtBinary
+	mu      sync.Mutex
+	closed  bool
+	servers []*server
 }
 
 // New builds the topology. On error everything it made is removed again.
 func New(opts Options) (*Testbed, error) {
+	if err := startedAsServer(); err != nil {
+		return nil, err
+	}
 	if opts.Backends == 0 {
 		opts.Backends = 3
 	}
@@ -115,11 +117,10 @@ func New(opts Options) (*Testbed, error) {
 	if opts.Queues < 0 || opts.Queues > 64 {
 		return nil, fmt.Errorf("testbed: %d queues, want 1..64", opts.Queues)
 	}
-	var suffix [3]byte
-	if _, err := rand.Read(suffix[:]); err != nil {
+	id, err := newID()
+	if err != nil {
 		return nil, err
 	}
-	id := fmt.Sprintf("%s%d-%s", Prefix, os.Getpid(), hex.EncodeToString(suffix[:]))
 	tb := &Testbed{opts: opts, id: id, lan: id + "-lan"}
 	tb.client = Host{NS: id + "-client", Iface: ClientIface, Addr: ClientAddr}
 	tb.nodeC = Host{NS: id + "-node", Iface: NodeClientIface, Addr: NodeClientAddr}
@@ -141,6 +142,15 @@ func New(opts Options) (*Testbed, error) {
 		return nil, errors.Join(err, tb.Close())
 	}
 	return tb, nil
+}
+
+// newID names a new testbed: Prefix, our PID and random hex digits.
+func newID() (string, error) {
+	var suffix [3]byte
+	if _, err := rand.Read(suffix[:]); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%s%d-%s", Prefix, os.Getpid(), hex.EncodeToString(suffix[:])), nil
 }
 
 // NewForTest builds a Testbed and closes it when the test ends. Without
@@ -211,6 +221,10 @@ func BackendName(i int) string { return fmt.Sprintf("backend-%d", i) }
 // Command returns an unstarted "ip netns exec ns args..." command.
 func (tb *Testbed) Command(ns string, args ...string) *exec.Cmd { return CommandIn(ns, args...) }
 
+// Start starts cmd in ns without "ip netns exec"'s sysfs mount; see
+// StartIn.
+func (tb *Testbed) Start(ns string, cmd *exec.Cmd) error { return StartIn(ns, cmd) }
+
 // Exec runs args in ns; see ExecIn.
 func (tb *Testbed) Exec(ns string, args ...string) ([]byte, error) { return ExecIn(ns, args...) }
 
@@ -279,17 +293,10 @@ func (tb *Testbed) Close() error {
 	tb.closed = true
 	servers := tb.servers
 	tb.servers = nil
-	bin := tb.serverBin
-	tb.serverBin = nil
 	tb.mu.Unlock()
 
 	var errs []error
-	for _, s := range servers {
-		s.stop()
-	}
-	if bin != nil {
-		bin.release()
-	}
+	stopServers(servers)
 	for _, ns := range tb.Namespaces() {
 		if err := deleteNamespace(ns); err != nil {
 			errs = append(errs, err)

@@ -165,7 +165,7 @@ func TestCloseRemovesEverything(t *testing.T) {
 	if err := tb.StartServers(); err != nil {
 		t.Fatal(err)
 	}
-	bin := tb.serverBin.path
+	pid := tb.servers[0].cmd.Process.Pid
 	if err := tb.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -175,16 +175,16 @@ func TestCloseRemovesEverything(t *testing.T) {
 			t.Errorf("namespace %s still listed after Close", ns)
 		}
 	}
-	if _, err := os.Stat(bin); !os.IsNotExist(err) {
-		t.Errorf("server binary %s still there after the last Close: %v", bin, err)
+	if processAlive(pid) {
+		t.Errorf("server process %d still there after Close", pid)
 	}
 	if err := tb.Close(); err != nil {
 		t.Errorf("second Close: %v", err)
 	}
 }
 
-// TestCleanupStale plants namespaces and a folder named for a PID that no
-// longer exists, with a process running in one of them, and for our own PID.
+// TestCleanupStale plants namespaces and a cgroup named for a PID that no
+// longer exists, with a process running in each, and for our own PID.
 func TestCleanupStale(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("needs root; make test runs as root")
@@ -215,11 +215,27 @@ func TestCleanupStale(t *testing.T) {
 	}
 	waited := make(chan error, 1)
 	go func() { waited <- sleeper.Wait() }()
-	staleDir := filepath.Join(os.TempDir(), fmt.Sprintf("%s%d-server-x", Prefix, deadPID))
-	if err := os.MkdirAll(staleDir, 0o755); err != nil {
+	mnt, err := Cgroup2Mount()
+	if err != nil {
 		t.Fatal(err)
 	}
-	defer os.RemoveAll(staleDir)
+	staleDir := filepath.Join(mnt, fmt.Sprintf("%s%d-abcdef", Prefix, deadPID))
+	liveDir := filepath.Join(mnt, fmt.Sprintf("%s%d-fedcba", Prefix, os.Getpid()))
+	for _, d := range []string{staleDir, liveDir} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		_ = removeCgroup(staleDir)
+		_ = removeCgroup(liveDir)
+	})
+	inCgroup := exec.Command("sleep", "60")
+	if err := startInCgroup(liveNS, staleDir, inCgroup); err != nil {
+		t.Fatal(err)
+	}
+	waitedCg := make(chan error, 1)
+	go func() { waitedCg <- inCgroup.Wait() }()
 
 	deleted, err := CleanupStale()
 	if err != nil {
@@ -229,8 +245,14 @@ func TestCleanupStale(t *testing.T) {
 	if !strings.Contains(joined, staleNS) || !strings.Contains(joined, staleDir) {
 		t.Errorf("CleanupStale deleted %v, want %s and %s", deleted, staleNS, staleDir)
 	}
-	if strings.Contains(joined, liveNS) {
-		t.Errorf("CleanupStale deleted %s of a live process", liveNS)
+	if strings.Contains(joined, liveNS) || strings.Contains(joined, liveDir) {
+		t.Errorf("CleanupStale deleted %v, including things of a live process", deleted)
+	}
+	if _, err := os.Stat(staleDir); !os.IsNotExist(err) {
+		t.Errorf("stale cgroup still there: %v", err)
+	}
+	if _, err := os.Stat(liveDir); err != nil {
+		t.Errorf("live cgroup: %v", err)
 	}
 	listed := netnsList(t)
 	if strings.Contains(listed, staleNS) || !strings.Contains(listed, liveNS) {
@@ -241,6 +263,12 @@ func TestCleanupStale(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Errorf("process in the stale namespace still runs")
 		_ = sleeper.Process.Kill()
+	}
+	select {
+	case <-waitedCg:
+	case <-time.After(5 * time.Second):
+		t.Errorf("process in the stale cgroup still runs")
+		_ = inCgroup.Process.Kill()
 	}
 }
 

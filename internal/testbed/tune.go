@@ -1,6 +1,7 @@
 package testbed
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -154,7 +155,11 @@ func NAPIThreadsIn(ns, iface string) ([]int, error) {
 			return fmt.Errorf("testbed: netdev genl family: %w", err)
 		}
 		req := nl.NewNetlinkRequest(int(fam.ID), unix.NLM_F_DUMP)
-		req.AddData(&nl.Genlmsg{Command: netdevCmdNAPIGet, Version: 1})
+		// struct genlmsghdr: cmd, version, reserved (u16, must be 0). Not
+		// nl.Genlmsg: its Serialize reads 4 bytes from a 2-byte struct, and
+		// the netdev family refuses the garbage in "reserved" (EINVAL,
+		// "genlmsghdr.reserved field is not 0") now and then.
+		req.AddRawData([]byte{netdevCmdNAPIGet, 1, 0, 0})
 		// Filtering the dump by ifindex answers EINVAL on 6.18 for a device
 		// in a namespace; filter here instead.
 		msgs, err := req.Execute(unix.NETLINK_GENERIC, 0)
@@ -193,8 +198,13 @@ func NAPIThreadsIn(ns, iface string) ([]int, error) {
 
 // ethtool ioctl numbers (include/uapi/linux/ethtool.h).
 const (
-	ethtoolGGRO = 0x2b
-	ethtoolSGRO = 0x2c
+	ethtoolGGRO      = 0x2b
+	ethtoolSGRO      = 0x2c
+	ethtoolGStrings  = 0x1b
+	ethtoolGStats    = 0x1d
+	ethtoolGSSetInfo = 0x37
+	ethSSStats       = 1  // ETH_SS_STATS
+	ethGStringLen    = 32 // ETH_GSTRING_LEN
 )
 
 type ethtoolValue struct {
@@ -209,6 +219,12 @@ type ifreqData struct {
 }
 
 func ethtoolIoctl(iface string, v *ethtoolValue) error {
+	return ethtoolCall(iface, unsafe.Pointer(v))
+}
+
+// ethtoolCall runs the SIOCETHTOOL ioctl on iface (in the calling thread's
+// namespace) with data, whose first 32 bits are the ethtool command.
+func ethtoolCall(iface string, data unsafe.Pointer) error {
 	if len(iface) >= unix.IFNAMSIZ {
 		return fmt.Errorf("testbed: interface name %q too long", iface)
 	}
@@ -219,7 +235,7 @@ func ethtoolIoctl(iface string, v *ethtoolValue) error {
 	defer unix.Close(fd)
 	var req ifreqData
 	copy(req.name[:], iface)
-	req.data = unsafe.Pointer(v)
+	req.data = data
 	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&req))); errno != 0 {
 		return errno
 	}
@@ -259,4 +275,73 @@ func (tb *Testbed) MAC(ns, iface string) (net.HardwareAddr, error) {
 		return err
 	})
 	return mac, err
+}
+
+// EthtoolStats returns the driver statistics of iface in ns, what
+// "ethtool -S iface" prints, read with the ethtool ioctl.
+func EthtoolStats(ns, iface string) (map[string]uint64, error) {
+	stats := map[string]uint64{}
+	err := DoIn(ns, func() error {
+		// struct ethtool_sset_info: cmd, reserved, sset_mask, then one
+		// count per bit set in the mask.
+		info := make([]uint64, 3)
+		binary.NativeEndian.PutUint32(unsafe.Slice((*byte)(unsafe.Pointer(&info[0])), 8), ethtoolGSSetInfo)
+		info[1] = 1 << ethSSStats
+		if err := ethtoolCall(iface, unsafe.Pointer(&info[0])); err != nil {
+			return fmt.Errorf("testbed: %s: ethtool stats count of %s: %w", ns, iface, err)
+		}
+		if info[1]&(1<<ethSSStats) == 0 {
+			return nil // the driver has no statistics
+		}
+		n := int(uint32(info[2]))
+		if n == 0 {
+			return nil
+		}
+		// struct ethtool_gstrings: cmd, string_set, len, then len names.
+		names := make([]uint32, 3+n*ethGStringLen/4)
+		names[0], names[1], names[2] = ethtoolGStrings, ethSSStats, uint32(n)
+		if err := ethtoolCall(iface, unsafe.Pointer(&names[0])); err != nil {
+			return fmt.Errorf("testbed: %s: ethtool stat names of %s: %w", ns, iface, err)
+		}
+		// struct ethtool_stats: cmd, n_stats, then n values.
+		values := make([]uint64, 1+n)
+		binary.NativeEndian.PutUint32(unsafe.Slice((*byte)(unsafe.Pointer(&values[0])), 8), ethtoolGStats)
+		binary.NativeEndian.PutUint32(unsafe.Slice((*byte)(unsafe.Pointer(&values[0])), 8)[4:], uint32(n))
+		if err := ethtoolCall(iface, unsafe.Pointer(&values[0])); err != nil {
+			return fmt.Errorf("testbed: %s: ethtool stats of %s: %w", ns, iface, err)
+		}
+		raw := unsafe.Slice((*byte)(unsafe.Pointer(&names[3])), n*ethGStringLen)
+		for i := range n {
+			name := raw[i*ethGStringLen : (i+1)*ethGStringLen]
+			if j := bytes.IndexByte(name, 0); j >= 0 {
+				name = name[:j]
+			}
+			stats[string(name)] = values[1+i]
+		}
+		return nil
+	})
+	return stats, err
+}
+
+// RxQueuePackets returns, per rx queue of the veth iface in ns, how many
+// packets it received (ethtool's rx_queue_<n>_xdp_packets). A veth counts
+// per queue only on its NAPI path: while an XDP program is attached, or
+// with GRO on for frames the peer may not aggregate otherwise.
+func RxQueuePackets(ns, iface string) ([]uint64, error) {
+	stats, err := EthtoolStats(ns, iface)
+	if err != nil {
+		return nil, err
+	}
+	var counts []uint64
+	for q := 0; ; q++ {
+		v, ok := stats[fmt.Sprintf("rx_queue_%d_xdp_packets", q)]
+		if !ok {
+			break
+		}
+		counts = append(counts, v)
+	}
+	if len(counts) == 0 {
+		return nil, fmt.Errorf("testbed: %s: %s has no per-queue rx counters (not a veth?)", ns, iface)
+	}
+	return counts, nil
 }

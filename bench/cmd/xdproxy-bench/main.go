@@ -34,6 +34,7 @@ import (
 )
 
 func main() {
+	testbed.ServeIfRequested() // testbed servers are this program run again
 	var err error
 	if len(os.Args) > 1 {
 		switch os.Args[1] {

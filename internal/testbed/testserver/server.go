@@ -2,6 +2,7 @@ package testserver
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -30,12 +32,21 @@ type Server struct {
 	udp   net.PacketConn
 	tcp   net.Listener
 	wg    sync.WaitGroup
+	quit  chan struct{} // closed by Close: delayed replies and tick loops end
+
+	closeOnce sync.Once
+	closeErr  error
+
+	mu      sync.Mutex
+	closing bool
+	conns   map[net.Conn]struct{} // open stream connections, cut by Close
+	delayed atomic.Int32          // delayed UDP replies waiting
 }
 
 // Listen opens every configured listener and starts serving. The listeners
 // are open when it returns, so a caller can announce readiness.
 func Listen(cfg Config) (*Server, error) {
-	s := &Server{cfg: cfg}
+	s := &Server{cfg: cfg, quit: make(chan struct{}), conns: map[net.Conn]struct{}{}}
 	var err error
 	if cfg.HTTPAddr != "" {
 		if s.httpL, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
@@ -90,8 +101,15 @@ func (s *Server) StreamAddr() net.Addr {
 func (s *Server) closeWith(err error) error { return errors.Join(err, s.Close()) }
 
 // Close stops every listener and waits for the serving loops to end.
-// Connections in progress are cut.
+// Connections in progress are cut and delayed UDP replies dropped. It is
+// idempotent.
 func (s *Server) Close() error {
+	s.closeOnce.Do(func() { s.closeErr = s.close() })
+	return s.closeErr
+}
+
+func (s *Server) close() error {
+	close(s.quit)
 	var errs []error
 	if s.http != nil {
 		errs = append(errs, s.http.Close())
@@ -102,6 +120,12 @@ func (s *Server) Close() error {
 	if s.tcp != nil {
 		errs = append(errs, s.tcp.Close())
 	}
+	s.mu.Lock()
+	s.closing = true
+	for c := range s.conns {
+		_ = c.Close()
+	}
+	s.mu.Unlock()
 	s.wg.Wait()
 	return errors.Join(errs...)
 }
@@ -138,8 +162,57 @@ func (s *Server) serveUDP() {
 			continue
 		}
 		out = append(append(out[:0], prefix...), buf[:n]...)
+		if d, ok := parseDelay(buf[:n]); ok {
+			s.replyLater(d, bytes.Clone(out), from)
+			continue
+		}
 		_, _ = s.udp.WriteTo(out, from)
 	}
+}
+
+// Bounds of the delayed UDP echo.
+const (
+	MaxDelay        = 10 * time.Minute
+	maxDelayed      = 4096 // replies waiting at once; more are dropped
+	delayCommandMax = 32   // "delay <ms> " must fit in this many bytes
+)
+
+// parseDelay reads the "delay <ms> " prefix of a datagram.
+func parseDelay(b []byte) (time.Duration, bool) {
+	rest, ok := bytes.CutPrefix(b[:min(len(b), delayCommandMax)], []byte("delay "))
+	if !ok {
+		return 0, false
+	}
+	digits, _, ok := bytes.Cut(rest, []byte(" "))
+	if !ok {
+		return 0, false
+	}
+	ms, err := strconv.ParseInt(string(digits), 10, 64)
+	if err != nil || ms < 0 || time.Duration(ms)*time.Millisecond > MaxDelay {
+		return 0, false
+	}
+	return time.Duration(ms) * time.Millisecond, true
+}
+
+// replyLater sends msg to the client after d from the same socket, unless
+// the server closes first.
+func (s *Server) replyLater(d time.Duration, msg []byte, to net.Addr) {
+	if s.delayed.Add(1) > maxDelayed {
+		s.delayed.Add(-1)
+		return
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer s.delayed.Add(-1)
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			_, _ = s.udp.WriteTo(msg, to)
+		case <-s.quit:
+		}
+	}()
 }
 
 func (s *Server) serveTCP() {
@@ -152,15 +225,29 @@ func (s *Server) serveTCP() {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
+		s.mu.Lock()
+		if s.closing {
+			s.mu.Unlock()
+			_ = c.Close()
+			continue
+		}
+		s.conns[c] = struct{}{}
 		s.wg.Add(1)
-		go func() { defer s.wg.Done(); serveStream(c) }()
+		s.mu.Unlock()
+		go func() {
+			defer s.wg.Done()
+			s.serveStream(c)
+			s.mu.Lock()
+			delete(s.conns, c)
+			s.mu.Unlock()
+		}()
 	}
 }
 
 // maxLine bounds the command line of the stream protocol.
 const maxLine = 64
 
-func serveStream(c net.Conn) {
+func (s *Server) serveStream(c net.Conn) {
 	defer c.Close()
 	r := bufio.NewReaderSize(c, 64<<10)
 	line, err := readLine(r)
@@ -190,8 +277,39 @@ func serveStream(c net.Conn) {
 			return
 		}
 		fmt.Fprintf(c, "%d %d\n", n, mismatch)
+	case "TICK":
+		ms, err := strconv.ParseInt(arg, 10, 64)
+		if err != nil || ms < 1 || time.Duration(ms)*time.Millisecond > MaxDelay {
+			fmt.Fprintf(c, "ERR bad interval %q\n", arg)
+			return
+		}
+		s.tick(c, r, time.Duration(ms)*time.Millisecond)
 	default:
 		fmt.Fprintf(c, "ERR unknown command %q\n", cmd)
+	}
+}
+
+// tick writes "<seq> <name>\n" to c every interval, seq counting from 1,
+// until a write fails, the client closes its side or the server closes.
+func (s *Server) tick(c net.Conn, r *bufio.Reader, every time.Duration) {
+	gone := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(io.Discard, r)
+		close(gone)
+	}()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for seq := 1; ; seq++ {
+		select {
+		case <-t.C:
+		case <-gone:
+			return
+		case <-s.quit:
+			return
+		}
+		if _, err := fmt.Fprintf(c, "%d %s\n", seq, s.cfg.Name); err != nil {
+			return
+		}
 	}
 }
 
@@ -252,6 +370,47 @@ func Push(ctx context.Context, c net.Conn, n int64) (got, mismatch int64, err er
 	}
 	return got, mismatch, nil
 }
+
+// EchoDelayed sends "delay <ms> <payload>" to the UDP echo server on c, which
+// answers after delay, and returns the server's name from the reply. The
+// timeout counts from the send and must cover the delay.
+func EchoDelayed(c net.Conn, delay time.Duration, payload string, timeout time.Duration) (string, error) {
+	return Echo(c, fmt.Sprintf("delay %d %s", delay.Milliseconds(), payload), timeout)
+}
+
+// Ticks is the client side of the stream server's "TICK <ms>" command.
+type Ticks struct {
+	c net.Conn
+	r *bufio.Reader
+}
+
+// StartTicks asks the stream server on c to write a line every interval
+// (whole milliseconds, at least 1) until the connection closes.
+func StartTicks(c net.Conn, every time.Duration) (*Ticks, error) {
+	if _, err := fmt.Fprintf(c, "TICK %d\n", every.Milliseconds()); err != nil {
+		return nil, err
+	}
+	return &Ticks{c: c, r: bufio.NewReader(c)}, nil
+}
+
+// Next waits up to timeout for the next line and returns its sequence
+// number (1 for the first) and the server's name.
+func (t *Ticks) Next(timeout time.Duration) (seq int64, name string, err error) {
+	if err := t.c.SetReadDeadline(time.Now().Add(timeout)); err != nil {
+		return 0, "", err
+	}
+	line, err := t.r.ReadString('\n')
+	if err != nil {
+		return 0, "", err
+	}
+	if _, err := fmt.Sscanf(line, "%d %s", &seq, &name); err != nil {
+		return 0, "", fmt.Errorf("testserver: bad tick %q", strings.TrimSpace(line))
+	}
+	return seq, name, nil
+}
+
+// Close closes the connection; the server stops ticking.
+func (t *Ticks) Close() error { return t.c.Close() }
 
 // Echo sends payload to the UDP echo server on c and returns the server's
 // name from the reply, checking that the payload came back.

@@ -121,3 +121,108 @@ func TestServer(t *testing.T) {
 		t.Errorf("corrupted push: reply %q, want \"1000 500\\n\"", reply)
 	}
 }
+
+func TestDelayedEcho(t *testing.T) {
+	s, err := Listen(Config{Name: "late", UDPAddr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	u, err := net.Dial("udp", s.UDPAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	start := time.Now()
+	name, err := EchoDelayed(u, 300*time.Millisecond, "x y", 5*time.Second)
+	if err != nil || name != "late" {
+		t.Fatalf("EchoDelayed = %q, %v", name, err)
+	}
+	if took := time.Since(start); took < 300*time.Millisecond {
+		t.Errorf("delayed reply came after %v, want at least 300ms", took)
+	}
+	// A plain datagram sent while a delayed one waits is answered first, from
+	// the same socket.
+	if _, err := io.WriteString(u, "delay 400 slow"); err != nil {
+		t.Fatal(err)
+	}
+	if name, err := Echo(u, "fast", time.Second); err != nil || name != "late" {
+		t.Fatalf("Echo while a delayed reply waits = %q, %v", name, err)
+	}
+	buf := make([]byte, 100)
+	u.SetReadDeadline(time.Now().Add(3 * time.Second))
+	n, err := u.Read(buf)
+	if err != nil || string(buf[:n]) != "late delay 400 slow" {
+		t.Errorf("delayed reply = %q, %v", buf[:n], err)
+	}
+	// Not a delay command: echoed at once.
+	for _, p := range []string{"delay", "delay x y", "delay 99999999999 z", "delay -1 z", "delay 5"} {
+		if name, err := Echo(u, p, time.Second); err != nil || name != "late" {
+			t.Errorf("Echo(%q) = %q, %v", p, name, err)
+		}
+	}
+	// Close drops what still waits, without waiting for it.
+	io.WriteString(u, "delay 60000 never")
+	time.Sleep(50 * time.Millisecond)
+	start = time.Now()
+	s.Close()
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("Close took %v with a delayed reply pending", took)
+	}
+}
+
+func TestTicks(t *testing.T) {
+	s, err := Listen(Config{Name: "ticker", TCPAddr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	c, err := net.Dial("tcp", s.StreamAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	ticks, err := StartTicks(c, 50*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for want := int64(1); want <= 3; want++ {
+		seq, name, err := ticks.Next(5 * time.Second)
+		if err != nil || seq != want || name != "ticker" {
+			t.Fatalf("tick %d = %d %q, %v", want, seq, name, err)
+		}
+	}
+	if took := time.Since(start); took < 150*time.Millisecond {
+		t.Errorf("3 ticks at 50ms came in %v", took)
+	}
+	ticks.Close()
+
+	// A bad interval is refused.
+	c, err = net.Dial("tcp", s.StreamAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(c, "TICK 0\n")
+	reply, _ := io.ReadAll(c)
+	c.Close()
+	if !bytes.HasPrefix(reply, []byte("ERR")) {
+		t.Errorf("TICK 0: %q, want an error", reply)
+	}
+
+	// Close cuts a ticking connection.
+	c, err = net.Dial("tcp", s.StreamAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ticks, _ = StartTicks(c, time.Second)
+	time.Sleep(50 * time.Millisecond)
+	start = time.Now()
+	s.Close()
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("Close took %v with a ticking connection", took)
+	}
+	if _, _, err := ticks.Next(2 * time.Second); err == nil {
+		t.Errorf("tick after Close")
+	}
+}
