@@ -75,6 +75,37 @@ func BenchmarkLookupUpdate(b *testing.B) {
 	}
 }
 
+// BenchmarkLookupUpdateTCP is the established path with window tracking:
+// Lookup and UpdateTCP, each flow's two directions sending full-sized
+// segments in sequence (so the stored end moves about once per 11 visits).
+func BenchmarkLookupUpdateTCP(b *testing.B) {
+	for _, n := range []int{10_000, 1 << 20} {
+		b.Run(fmt.Sprintf("entries=%d", n), func(b *testing.B) {
+			tb, keys := filledTable(b, n)
+			seqs := make([]uint32, len(keys))
+			now := int64(10 * sec)
+			const stride = 7919 * 2
+			i := 0
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				f, d, ok := tb.Lookup(keys[i], now)
+				if !ok {
+					b.Fatal("miss")
+				}
+				seg := TCPSegment{Flags: packet.TCPAck, Seq: seqs[i], Ack: seqs[i^1], Window: 502, Len: 1448}
+				if _, res := tb.UpdateTCP(f.Handle, d, seg, now); res != UpdateOK {
+					b.Fatal(res)
+				}
+				seqs[i] += 1448
+				if i += stride + 1; i >= len(keys) {
+					i -= len(keys)
+				}
+			}
+		})
+	}
+}
+
 func BenchmarkInsert(b *testing.B) {
 	const capacity = 1 << 20
 	tb := newTable(b, Config{Capacity: capacity})

@@ -3,6 +3,7 @@ package conntrack
 import (
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -918,6 +919,31 @@ func TestZeroAllocs(t *testing.T) {
 		tb.InsertSNAT(tup(client2, uint16(i), frontend, 80, packet.ProtoUDP), tup(snatAddr, 0, backend, 53, packet.ProtoUDP), DNAT, 1, DefaultSNATPorts, now)
 	}); a != 0 {
 		t.Errorf("InsertSNAT: %v allocs", a)
+	}
+	// Removals that report to OnRemove: early drops on insert into a
+	// full table, expiry by Sweep, Delete.
+	var removals atomic.Int64
+	full := newTable(t, Config{Capacity: 16, OnRemove: func(orig, reply packet.Tuple) { removals.Add(1) }})
+	if a := testing.AllocsPerRun(1000, func() {
+		i++
+		oi := tup(client2, uint16(i), frontend, 80, packet.ProtoUDP)
+		h, res := full.Insert(oi, tup(client2, uint16(i), backend, 8080, packet.ProtoUDP), DNAT, 1, now)
+		if res != Inserted {
+			t.Fatalf("insert %d: %v", i, res)
+		}
+		if i%3 == 0 {
+			full.Delete(h)
+		}
+		full.Sweep(4, now-20*sec) // nothing has expired then
+		if i%50 == 0 {
+			full.Sweep(16, now+31*sec) // everything has
+		}
+	}); a != 0 {
+		t.Errorf("removals with OnRemove: %v allocs", a)
+	}
+	if st := full.Stats(); st.EvictedUnassured == 0 || st.Deleted == 0 || st.Expired == 0 ||
+		uint64(removals.Load()) != st.EvictedUnassured+st.Deleted+st.Expired+st.EvictedExpired {
+		t.Errorf("%d OnRemove calls, stats %+v", removals.Load(), st)
 	}
 	k := FragmentKey{Src: client, Dst: frontend, ID: 9, Proto: packet.ProtoUDP}
 	if a := testing.AllocsPerRun(100, func() {
