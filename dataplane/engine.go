@@ -18,6 +18,7 @@ import (
 	"github.com/xdproxy/xdproxy/nat/packet"
 	"github.com/xdproxy/xdproxy/xdp"
 	"github.com/xdproxy/xdproxy/xdp/afxdp"
+	"github.com/xdproxy/xdproxy/xdp/socklb"
 )
 
 // InterfaceConfig is one interface the engine serves.
@@ -59,6 +60,11 @@ type EngineConfig struct {
 	// SNATAddress4 overrides the masquerade source of IPv4 flows; zero
 	// means the address of the interface the flow leaves through.
 	SNATAddress4 packet.Addr
+	// LocalClientsCgroup, when set, is the cgroup v2 under which clients
+	// on the node (pods, host processes) have their service connections
+	// translated at the socket (Kernel.LocalClients); the node's root
+	// cgroup covers every one.
+	LocalClientsCgroup string
 	// StateDir, when set, holds the connection table and the
 	// session-affinity table as files mapped into memory
 	// (conntrack.state, affinity.state; put it on a tmpfs): the next
@@ -223,6 +229,16 @@ func Start(cfg EngineConfig) (_ *Engine, err error) {
 	}
 	if cfg.SNATAddress4.IsZero() && len(e.addrs.Load().v4) == 0 {
 		return nil, errors.New("no IPv4 address on any interface to masquerade to; set masquerade.address")
+	}
+	if cfg.LocalClientsCgroup != "" {
+		lc := e.k.LocalClients()
+		if lc == nil {
+			return nil, errors.New("local clients: the kernel was made without them")
+		}
+		if err := lc.Attach(cfg.LocalClientsCgroup); err != nil {
+			return nil, fmt.Errorf("local clients: attaching to %s: %w", cfg.LocalClientsCgroup, err)
+		}
+		e.log.Info("translating local clients' connections at the socket", "cgroup", cfg.LocalClientsCgroup)
 	}
 	if e.stopWatch, err = e.k.WatchLinks(e.kickReconcile); err != nil {
 		return nil, err
@@ -761,6 +777,10 @@ func (e *Engine) Publish(t *service.Table) error {
 			e.programmed = false
 			return err
 		}
+		if err := e.programLocalClients(t); err != nil {
+			e.programmed = false
+			return err
+		}
 		e.programmed = true
 	}
 	// Ask for the endpoints' neighbours now, so that the first packet of a
@@ -785,6 +805,52 @@ func (e *Engine) Publish(t *service.Table) error {
 	}
 	return nil
 }
+
+// programLocalClients gives the socket programs every TCP and UDP
+// frontend with the backends the table gives local-origin traffic (pods and
+// the node: traffic policies apply as kube-proxy applies them to them),
+// plus 127.0.0.1 for every IPv4 NodePort, as kube-proxy's iptables mode
+// allows.
+func (e *Engine) programLocalClients(t *service.Table) error {
+	if e.cfg.LocalClientsCgroup == "" {
+		return nil
+	}
+	var out []socklb.Frontend
+	localhost := map[[2]uint16]bool{}
+	add := func(addr packet.Addr, port uint16, fe *service.Frontend) {
+		f := socklb.Frontend{Addr: addr, Port: port, Proto: fe.Port.Proto, ServiceID: fe.Port.ID,
+			AffinityTimeout: fe.Port.AffinityTimeout}
+		switch fe.Verdict(true) {
+		case service.Forward:
+			for _, b := range fe.Backends(true) {
+				f.Backends = append(f.Backends, socklb.Backend{Addr: b.Addr, Port: b.Port})
+			}
+		case service.Reject:
+			f.Reject = true
+		}
+		out = append(out, f)
+	}
+	for _, k := range t.FrontendKeys() {
+		if k.Proto != packet.ProtoTCP && k.Proto != packet.ProtoUDP {
+			continue
+		}
+		fe := t.Lookup(k.Proto, k.Addr, k.Port)
+		if fe == nil {
+			continue
+		}
+		add(k.Addr, k.Port, fe)
+		if fe.Kind == service.NodePort && k.Addr.Is4() && !localhost[[2]uint16{k.Port, uint16(k.Proto)}] {
+			localhost[[2]uint16{k.Port, uint16(k.Proto)}] = true
+			add(localhostAddr, k.Port, fe)
+		}
+	}
+	if err := e.k.LocalClients().SetFrontends(out); err != nil {
+		return fmt.Errorf("local clients: %w", err)
+	}
+	return nil
+}
+
+var localhostAddr = packet.MustParseAddr("127.0.0.1")
 
 func (e *Engine) programXDP(t *service.Table) error {
 	fes := t.FrontendKeys()
@@ -828,6 +894,9 @@ func (e *Engine) close() error {
 	var errs []error
 	for _, p := range closed {
 		errs = append(errs, p.close())
+	}
+	if lc := e.k.LocalClients(); lc != nil && e.cfg.LocalClientsCgroup != "" && !e.cfg.KeepState {
+		errs = append(errs, lc.Detach())
 	}
 	if e.ct != nil {
 		errs = append(errs, e.ct.Close())

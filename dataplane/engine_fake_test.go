@@ -17,6 +17,7 @@ import (
 	"github.com/xdproxy/xdproxy/nat/packet"
 	"github.com/xdproxy/xdproxy/xdp"
 	"github.com/xdproxy/xdproxy/xdp/afxdp"
+	"github.com/xdproxy/xdproxy/xdp/socklb"
 )
 
 // These tests run the engine and its workers on the fake kernel: no
@@ -461,5 +462,40 @@ func TestStateSurvivesRestart(t *testing.T) {
 	fn3.e.Close()
 	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
 		t.Errorf("state files left after a close without KeepState: %v", entries)
+	}
+}
+
+// TestLocalClientsGetLocalOriginBackends: with local clients on, every TCP
+// and UDP frontend reaches the socket programs with the backends the table
+// gives local-origin traffic, NodePorts also on 127.0.0.1, and a service
+// without endpoints rejects.
+func TestLocalClientsGetLocalOriginBackends(t *testing.T) {
+	k := newFakeKernel()
+	k.local = &fakeLocalClients{}
+	startFakeNodeOn(t, k, 1, func(c *EngineConfig) { c.LocalClientsCgroup = "/sys/fs/cgroup/unified/test" })
+	if k.local.cgroup != "/sys/fs/cgroup/unified/test" {
+		t.Fatalf("attached to %q", k.local.cgroup)
+	}
+	byKey := map[string]socklb.Frontend{}
+	for _, f := range k.local.frontends {
+		byKey[fmt.Sprintf("%v:%d/%v", f.Addr, f.Port, f.Proto)] = f
+	}
+	web := byKey["198.19.0.10:80/TCP"]
+	if len(web.Backends) != 2 {
+		t.Errorf("web cluster IP has backends %v, want both endpoints", web.Backends)
+	}
+	if np := byKey["127.0.0.1:30080/TCP"]; len(np.Backends) != 2 {
+		t.Errorf("localhost NodePort missing or empty: %+v (frontends %v)", np, k.local.frontends)
+	}
+	if np := byKey[nodeAddr.String()+":30080/TCP"]; len(np.Backends) != 2 {
+		t.Errorf("node-address NodePort missing or empty: %+v", np)
+	}
+	if e := byKey["198.19.0.30:80/TCP"]; !e.Reject || len(e.Backends) != 0 {
+		t.Errorf("service without endpoints: %+v, want reject", e)
+	}
+	// externalTrafficPolicy Local: local-origin clients use every
+	// endpoint, not only this node's (kube-proxy's short circuit).
+	if lb := byKey["198.19.1.40:80/TCP"]; len(lb.Backends) != 1 {
+		t.Errorf("LB IP of a Local service: %+v, want its (remote) endpoint for a local client", lb)
 	}
 }

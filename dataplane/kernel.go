@@ -9,6 +9,7 @@ import (
 	"github.com/xdproxy/xdproxy/nat/packet"
 	"github.com/xdproxy/xdproxy/xdp"
 	"github.com/xdproxy/xdproxy/xdp/afxdp"
+	"github.com/xdproxy/xdproxy/xdp/socklb"
 )
 
 // The engine reaches the kernel only through the interfaces in this file.
@@ -121,11 +122,28 @@ type Kernel interface {
 	ReservePorts(r conntrack.PortRange) error
 	// Tables are the program's shared tables.
 	Tables() Tables
+	// LocalClients is the translation at the socket for clients on the
+	// node (pods, host processes), nil when KernelOptions left it out.
+	LocalClients() LocalClients
 	// Resolver finds next hops through the named interfaces.
 	Resolver() Resolver
 	// Close releases what the Kernel holds (tables, route cache). It
 	// does not remove the exception link, which outlives restarts.
 	Close() error
+}
+
+// LocalClients translates the service connections of clients on the node
+// at their sockets (cgroup BPF programs; *socklb.LB is the real one). Its
+// frontends get the backends the table gives local-origin traffic.
+type LocalClients interface {
+	// Attach hooks the programs to a cgroup v2 (the node's root cgroup:
+	// every pod and host process is under it).
+	Attach(cgroupPath string) error
+	SetFrontends([]socklb.Frontend) error
+	// Close lets go of the programs, which stay attached when pinned;
+	// Detach removes them.
+	Close() error
+	Detach() error
 }
 
 // LocalSNATAddress is the source address of masqueraded flows to backends

@@ -12,6 +12,7 @@ import (
 	"github.com/xdproxy/xdproxy/nat/packet"
 	"github.com/xdproxy/xdproxy/xdp"
 	"github.com/xdproxy/xdproxy/xdp/afxdp"
+	"github.com/xdproxy/xdproxy/xdp/socklb"
 )
 
 // The fake kernel keeps everything in memory: links the test changes at
@@ -364,6 +365,7 @@ type fakeKernel struct {
 	ephemeral  conntrack.PortRange
 	// egressRedirect is where the egress programs send caught replies.
 	egressRedirect int
+	local          *fakeLocalClients // nil: no local clients
 	reserved       []conntrack.PortRange
 }
 
@@ -540,8 +542,41 @@ func (k *fakeKernel) ReservePorts(r conntrack.PortRange) error {
 	return nil
 }
 
-func (k *fakeKernel) Tables() Tables     { return k.tables }
-func (k *fakeKernel) Resolver() Resolver { return k.resolver }
+func (k *fakeKernel) Tables() Tables { return k.tables }
+
+func (k *fakeKernel) LocalClients() LocalClients {
+	if k.local == nil {
+		return nil
+	}
+	return k.local
+}
+
+// fakeLocalClients records what the engine gives the socket programs.
+type fakeLocalClients struct {
+	mu        sync.Mutex
+	cgroup    string
+	frontends []socklb.Frontend
+	sets      int
+}
+
+func (l *fakeLocalClients) Attach(cgroup string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.cgroup = cgroup
+	return nil
+}
+
+func (l *fakeLocalClients) SetFrontends(fes []socklb.Frontend) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.frontends = slices.Clone(fes)
+	l.sets++
+	return nil
+}
+
+func (l *fakeLocalClients) Close() error  { return nil }
+func (l *fakeLocalClients) Detach() error { return nil }
+func (k *fakeKernel) Resolver() Resolver  { return k.resolver }
 
 func (k *fakeKernel) Close() error {
 	k.mu.Lock()

@@ -21,6 +21,7 @@ import (
 	"github.com/xdproxy/xdproxy/nat/packet"
 	"github.com/xdproxy/xdproxy/xdp"
 	"github.com/xdproxy/xdproxy/xdp/afxdp"
+	"github.com/xdproxy/xdproxy/xdp/socklb"
 )
 
 // KernelOptions configure the real Kernel.
@@ -30,7 +31,11 @@ type KernelOptions struct {
 	Interfaces []string
 	// Tables sizes the XDP program's maps.
 	Tables xdp.Options
-	Log    *slog.Logger
+	// LocalClients, when set, loads the socket-level translation for
+	// clients on the node (xdp/socklb) with these options; its PinDir
+	// defaults to Tables.PinDir's "socklb" subdirectory.
+	LocalClients *socklb.Options
+	Log          *slog.Logger
 }
 
 // xdpKernel is the real Kernel: the XDP program and its maps (package
@@ -40,6 +45,7 @@ type xdpKernel struct {
 	ns     netns.NsHandle
 	nl     *netlink.Handle
 	objs   *xdp.Objects
+	lb     *socklb.LB
 	routes *route.Cache
 	log    *slog.Logger
 }
@@ -63,6 +69,18 @@ func NewKernel(opts KernelOptions) (Kernel, error) {
 	if k.objs, err = xdp.Load(opts.Tables); err != nil {
 		k.Close()
 		return nil, fmt.Errorf("loading the XDP program: %w", err)
+	}
+	if lo := opts.LocalClients; lo != nil {
+		o := *lo
+		if o.PinDir == "" && opts.Tables.PinDir != "" {
+			o.PinDir = filepath.Join(opts.Tables.PinDir, "socklb")
+		}
+		// Load reads the node's netns cookie from the calling thread: this
+		// one, in the node's namespace.
+		if k.lb, err = socklb.Load(o); err != nil {
+			k.Close()
+			return nil, fmt.Errorf("loading the socket programs for local clients: %w", err)
+		}
 	}
 	k.routes, err = route.New(route.Options{Interfaces: opts.Interfaces, Namespace: &k.ns,
 		ErrorLog: func(err error) { k.log.Warn("route cache", "err", err) }})
@@ -378,6 +396,13 @@ func (k *xdpKernel) ReservePorts(r conntrack.PortRange) error {
 
 func (k *xdpKernel) Tables() Tables { return xdpTables{k.objs} }
 
+func (k *xdpKernel) LocalClients() LocalClients {
+	if k.lb == nil {
+		return nil
+	}
+	return k.lb
+}
+
 func (k *xdpKernel) Resolver() Resolver { return routeResolver{k.routes} }
 
 func (k *xdpKernel) Close() error {
@@ -387,6 +412,9 @@ func (k *xdpKernel) Close() error {
 	}
 	if k.objs != nil {
 		errs = append(errs, k.objs.Close())
+	}
+	if k.lb != nil {
+		errs = append(errs, k.lb.Close())
 	}
 	if k.nl != nil {
 		k.nl.Close()
