@@ -124,6 +124,19 @@ func (p *Processor) established(frame []byte, flow *conntrack.Flow, dir conntrac
 	if first {
 		fk = conntrack.FragmentKeyOf(pk)
 	}
+	if pk.Proto == packet.ProtoTCP && !first && !pk.Fragmented {
+		// Window tracking: a reset or FIN outside the receiver's window is
+		// not the peer's (a blind attack) and must not close the flow.
+		if seg, ok := conntrack.ParseTCPSegment(frame[pk.L4:pk.End]); ok {
+			if _, res := p.cfg.Conntrack.UpdateTCP(flow.Handle, dir, seg, now); res == conntrack.UpdateOutOfWindow {
+				return Verdict{Action: Drop, Reason: packet.DropOutOfWindow}
+			}
+		}
+		if !nat.Rewrite(frame, pk, flow.Rewrite) {
+			return Verdict{Action: Drop, Reason: packet.DropInvalidState}
+		}
+		return Verdict{Action: Forward, NextHop: flow.Rewrite.Dst, Len: len(frame)}
+	}
 	if !nat.Rewrite(frame, pk, flow.Rewrite) {
 		return Verdict{Action: Drop, Reason: packet.DropInvalidState}
 	}

@@ -366,3 +366,61 @@ func TestNewRepliesForXDP(t *testing.T) {
 		}
 	}
 }
+
+// tcpFrame builds a TCP frame with the given sequence and ack numbers.
+func tcpFrame(t testing.TB, src, dst packet.Addr, sport, dport uint16, flags uint8, seq, ack uint32, payload []byte) []byte {
+	t.Helper()
+	ip := &layers.IPv4{Version: 4, TTL: 64, Id: 1, Protocol: layers.IPProtocolTCP,
+		SrcIP: net.IP(src.Netip().AsSlice()), DstIP: net.IP(dst.Netip().AsSlice())}
+	eth := &layers.Ethernet{SrcMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}, DstMAC: net.HardwareAddr{2, 0, 0, 0, 0, 2}, EthernetType: layers.EthernetTypeIPv4}
+	tcp := &layers.TCP{SrcPort: layers.TCPPort(sport), DstPort: layers.TCPPort(dport), Seq: seq, Ack: ack, Window: 1000,
+		SYN: flags&packet.TCPSyn != 0, ACK: flags&packet.TCPAck != 0, FIN: flags&packet.TCPFin != 0, RST: flags&packet.TCPRst != 0}
+	_ = tcp.SetNetworkLayerForChecksum(ip)
+	buf := gopacket.NewSerializeBuffer()
+	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true},
+		eth, ip, tcp, gopacket.Payload(payload)); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]byte, len(buf.Bytes()), 2048)
+	copy(out, buf.Bytes())
+	return out
+}
+
+// TestBlindResetIgnored: a reset whose sequence number is outside the
+// receiver's window (someone guessing) is dropped and leaves the
+// connection alone; a reset inside the window closes it.
+func TestBlindResetIgnored(t *testing.T) {
+	h := newHarness(t, testModel(), 4096)
+	vip := addr("198.19.0.10")
+	syn := tcpFrame(t, podA, vip, 42000, 80, packet.TCPSyn, 1000, 0, nil)
+	v := h.proc.Process(syn, 1)
+	out := parse(t, syn[:v.Len])
+	be, bePort := out.Dst, out.DstPort
+	steps := []struct {
+		name   string
+		f      []byte
+		action Action
+		reason packet.Reason
+	}{
+		{"syn-ack", tcpFrame(t, be, podA, bePort, 42000, packet.TCPSyn|packet.TCPAck, 5000, 1001, nil), Forward, packet.OK},
+		{"ack", tcpFrame(t, podA, vip, 42000, 80, packet.TCPAck, 1001, 5001, nil), Forward, packet.OK},
+		{"data", tcpFrame(t, podA, vip, 42000, 80, packet.TCPAck, 1001, 5001, []byte("hello")), Forward, packet.OK},
+		{"blind reset far ahead", tcpFrame(t, podA, vip, 42000, 80, packet.TCPRst, 1001+1<<30, 0, nil), Drop, packet.DropOutOfWindow},
+		{"blind reset from the backend side", tcpFrame(t, be, podA, bePort, 42000, packet.TCPRst, 5001+1<<31, 0, nil), Drop, packet.DropOutOfWindow},
+		{"data after the blind resets", tcpFrame(t, podA, vip, 42000, 80, packet.TCPAck, 1006, 5001, []byte("again")), Forward, packet.OK},
+		{"reset in the window", tcpFrame(t, podA, vip, 42000, 80, packet.TCPRst, 1011, 0, nil), Forward, packet.OK},
+	}
+	for i, s := range steps {
+		v := h.proc.Process(s.f, int64(i+2))
+		if v.Action != s.action || (s.action == Drop && v.Reason != s.reason) {
+			t.Fatalf("%s: %v/%v, want %v/%v", s.name, v.Action, v.Reason, s.action, s.reason)
+		}
+	}
+	flow, _, ok := h.ct.Lookup(packet.Tuple{Src: podA, Dst: vip, SrcPort: 42000, DstPort: 80, Proto: packet.ProtoTCP}, 20)
+	if !ok || flow.State != conntrack.TCPClose {
+		t.Errorf("after the in-window reset: found %v, state %v; want the flow closing", ok, flow.State)
+	}
+	if st := h.ct.Stats(); st.OutOfWindowRST != 2 {
+		t.Errorf("out-of-window resets counted %d, want 2", st.OutOfWindowRST)
+	}
+}

@@ -405,23 +405,10 @@ func (w *Worker) flushOwn() {
 	w.release = w.release[:0]
 }
 
-var clockStart = time.Now()
-
-// clockBase is CLOCK_MONOTONIC at clockStart. Go's monotonic clock is
-// CLOCK_MONOTONIC too, counted from an arbitrary origin; adding the base
-// gives a time every process on the node agrees on, so connection-tracking
-// deadlines written by one generation of xdproxy stay valid in the next.
-var clockBase = func() int64 {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		panic(fmt.Sprintf("dataplane: CLOCK_MONOTONIC: %v", err))
-	}
-	return ts.Nano() - int64(time.Since(clockStart))
-}()
-
-// monotonicNow is nanoseconds of CLOCK_MONOTONIC (through the vDSO, no
-// system call).
-func monotonicNow() int64 { return clockBase + int64(time.Since(clockStart)) }
+// monotonicNow is nanoseconds of CLOCK_MONOTONIC, through the vDSO: the
+// clock every generation of xdproxy on the node agrees on, so connection
+// deadlines in a state file stay valid across a restart.
+func monotonicNow() int64 { return conntrack.MonotonicNow() }
 
 // MonotonicNow is the clock workers pass to Process and conntrack, for
 // callers outside the dataplane (the admin dump).
