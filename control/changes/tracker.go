@@ -36,16 +36,22 @@ func New[K comparable, V any](equal func(a, b V) bool) *Tracker[K, V] {
 // (previous zero for an add, current zero for a delete). trigger, when not
 // zero, is when the change was caused (an EndpointSlice's
 // last-change-trigger-time); it is handed back by Checkout so the time to
-// program the change can be measured. Update returns the number of objects
-// with pending changes.
-func (t *Tracker[K, V]) Update(key K, previous, current V, trigger time.Time) int {
+// program the change can be measured.
+//
+// Update returns the number of objects with pending changes (kube-proxy's
+// ServiceChangeTracker.Update answers that), and whether this update
+// changed the object from the value last recorded for it, pending or, for
+// the first update since Checkout, previous (kube-proxy's
+// EndpointSliceUpdate answers that).
+func (t *Tracker[K, V]) Update(key K, previous, current V, trigger time.Time) (pending int, changed bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	c, ok := t.items[key]
 	if !ok {
-		c = &Change[V]{Previous: previous}
+		c = &Change[V]{Previous: previous, Current: previous}
 		t.items[key] = c
 	}
+	changed = !t.equal(c.Current, current)
 	c.Current = current
 	if t.equal(c.Previous, c.Current) {
 		delete(t.items, key)
@@ -53,7 +59,7 @@ func (t *Tracker[K, V]) Update(key K, previous, current V, trigger time.Time) in
 	} else if !trigger.IsZero() {
 		t.triggers[key] = append(t.triggers[key], trigger)
 	}
-	return len(t.items)
+	return len(t.items), changed
 }
 
 // Pending returns the number of objects with pending changes.

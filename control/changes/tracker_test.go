@@ -27,49 +27,70 @@ func TestTracker(t *testing.T) {
 		name        string
 		updates     []update
 		wantPending []int                 // after each update
+		wantChanged []bool                // each update's own answer
 		want        map[string][2]*string // key -> previous, current
 	}{
 		{
 			name:        "add",
 			updates:     []update{{"a", nil, s("1")}},
 			wantPending: []int{1},
+			wantChanged: []bool{true},
 			want:        map[string][2]*string{"a": {nil, s("1")}},
 		},
 		{
 			name:        "add then delete ends where it began",
 			updates:     []update{{"a", nil, s("1")}, {"a", s("1"), nil}},
 			wantPending: []int{1, 0},
+			wantChanged: []bool{true, true},
 		},
 		{
 			name:        "updates are folded: previous is fixed by the first",
 			updates:     []update{{"a", s("1"), s("2")}, {"a", s("2"), s("3")}},
 			wantPending: []int{1, 1},
+			wantChanged: []bool{true, true},
 			want:        map[string][2]*string{"a": {s("1"), s("3")}},
 		},
 		{
 			name:        "update undone",
 			updates:     []update{{"a", s("1"), s("2")}, {"b", nil, s("x")}, {"a", s("2"), s("1")}},
 			wantPending: []int{1, 2, 1},
+			wantChanged: []bool{true, true, true},
 			want:        map[string][2]*string{"b": {nil, s("x")}},
 		},
 		{
 			name:        "update to an equal value is no change",
 			updates:     []update{{"a", s("1"), s("1")}},
 			wantPending: []int{0},
+			wantChanged: []bool{false},
 		},
 		{
 			name:        "delete and re-add with other content",
 			updates:     []update{{"a", s("1"), nil}, {"a", nil, s("2")}},
 			wantPending: []int{1, 1},
+			wantChanged: []bool{true, true},
 			want:        map[string][2]*string{"a": {s("1"), s("2")}},
+		},
+		{
+			name:        "a repeat of a pending change is no change, but the other change stays pending",
+			updates:     []update{{"a", s("1"), s("2")}, {"b", s("x"), s("x")}, {"a", s("2"), s("2")}},
+			wantPending: []int{1, 1, 1},
+			wantChanged: []bool{true, false, false},
+			want:        map[string][2]*string{"a": {s("1"), s("2")}},
+		},
+		{
+			name:        "delete of something never seen",
+			updates:     []update{{"a", nil, nil}},
+			wantPending: []int{0},
+			wantChanged: []bool{false},
 		},
 	}
 	for _, tc := range testCases {
 		t.Run(tc.name, func(t *testing.T) {
 			tr := New[string](eq)
 			for i, u := range tc.updates {
-				if got := tr.Update(u.key, u.prev, u.curr, time.Time{}); got != tc.wantPending[i] {
-					t.Errorf("after update %d: pending %d, want %d", i, got, tc.wantPending[i])
+				pending, changed := tr.Update(u.key, u.prev, u.curr, time.Time{})
+				if pending != tc.wantPending[i] || changed != tc.wantChanged[i] {
+					t.Errorf("update %d: pending %d, changed %v; want %d, %v", i, pending, changed, tc.wantPending[i], tc.wantChanged[i])
 				}
 			}
 			changes, _ := tr.Checkout()

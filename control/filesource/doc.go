@@ -17,4 +17,17 @@
 // which no document is usable, leaves the last published Model in force; an
 // invalid document is reported with its position and skipped while the rest
 // applies.
+//
+// Publishing may fail (the callback returns an error). The Model is then
+// kept and tried again on a timer of its own, 1 s after the first failure
+// and then after 2, 4, 8, 16 and 30 s at most; a file changed meanwhile
+// replaces the waiting Model and is published by the retry. The first
+// failure is logged, then at most one line every 30 s, and "recovered
+// after N failures" once it works; xdproxy_publish_failures_total and
+// xdproxy_publish_pending count them, and the sync metrics move only on a
+// successful publish.
+//
+// Config.Health is told Updated when Run starts and after each successful
+// publish, and QueuedUpdate when a changed file yields a new Model (not
+// for the first load, as kube-proxy does not queue its initial sync).
 package filesource

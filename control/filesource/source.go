@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"syscall"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/xdproxy/xdproxy/control/k8sconv"
 	"github.com/xdproxy/xdproxy/control/metrics"
+	"github.com/xdproxy/xdproxy/control/runner"
 	"github.com/xdproxy/xdproxy/dataplane/service"
 )
 
@@ -37,17 +39,39 @@ type Config struct {
 	PollInterval time.Duration
 	Logger       *slog.Logger     // slog.Default() when nil
 	Metrics      *metrics.Metrics // nil records nothing
+	// Clock times the polls and the retries of a failed publish
+	// (runner.RealClock when nil).
+	Clock runner.Clock
+	// Health hears about queued and published changes with kube-proxy's
+	// rules (see Health); nil tells no one.
+	Health Health
+}
+
+// Health is told what the /healthz rule needs, as kube-proxy's proxier
+// tells its ProxyHealthServer: Updated when Run starts and after every
+// successful publish, QueuedUpdate when a changed file yields a new Model
+// (not for the first load, which is kube-proxy's initial sync). A failed
+// publish calls neither, so a change that cannot be published makes
+// /healthz fail once it has waited the health timeout. *health.Proxy
+// implements it.
+type Health interface {
+	QueuedUpdate()
+	Updated()
 }
 
 // Source publishes the Model described by a file, and a new one whenever
 // the file changes.
 type Source struct {
 	cfg     Config
-	publish func(*service.Model)
+	publish func(*service.Model) error
 	log     *slog.Logger
+	clock   runner.Clock
 
 	// Owned by the goroutine that polls.
 	published bool
+	loaded    bool           // a Model has been built (published or not)
+	pending   *service.Model // the latest Model, not published: the last try failed
+	retry     *runner.Retry
 	read      bool              // applied is set
 	recheck   bool              // applied is too recent to trust; hash again
 	applied   fileStamp         // the file as last read (used or not)
@@ -70,36 +94,112 @@ type fileStamp struct {
 var ErrNoPath = errors.New("filesource: Path is required")
 
 // New returns a Source for cfg. publish is called from the goroutine that
-// runs Run; the Model must not be modified.
-func New(cfg Config, publish func(*service.Model)) (*Source, error) {
+// runs Run; the Model must not be modified. When publish returns an error
+// the Model stays pending and is tried again after a growing delay (1 s
+// doubling to 30 s); a file changed meanwhile replaces it and waits for
+// the same retry.
+func New(cfg Config, publish func(*service.Model) error) (*Source, error) {
 	if cfg.Path == "" {
 		return nil, ErrNoPath
 	}
 	if cfg.PollInterval <= 0 {
 		cfg.PollInterval = DefaultPollInterval
 	}
-	s := &Source{cfg: cfg, publish: publish, log: cfg.Logger}
+	s := &Source{cfg: cfg, publish: publish, log: cfg.Logger, clock: cfg.Clock, retry: runner.NewRetry(0, 0, 0)}
 	if s.log == nil {
 		s.log = slog.Default()
+	}
+	if s.clock == nil {
+		s.clock = runner.RealClock{}
 	}
 	return s, nil
 }
 
 // Run loads the file, then polls it until ctx is done. A file that is
 // missing or unreadable at start is waited for; one that becomes
-// unreadable later leaves the last Model in force.
+// unreadable later leaves the last Model in force. A Model that publish
+// refused is retried on its own timer, between polls.
 func (s *Source) Run(ctx context.Context) error {
+	// kube-proxy's SyncLoop does the same, "in case Sync() never
+	// succeeds": /healthz then shows when the proxy started.
+	if s.cfg.Health != nil {
+		s.cfg.Health.Updated()
+	}
 	s.poll()
-	t := time.NewTicker(s.cfg.PollInterval)
-	defer t.Stop()
+	poll := s.clock.NewTimer(s.cfg.PollInterval)
+	defer poll.Stop()
+	retry := s.clock.NewTimer(time.Hour)
+	defer retry.Stop()
 	for {
+		if wait, ok := s.retryIn(); ok {
+			retry.Reset(max(wait, 0))
+		} else {
+			retry.Stop()
+		}
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-t.C:
+		case <-poll.C():
 			s.poll()
+			poll.Reset(s.cfg.PollInterval)
+		case <-retry.C():
+			s.retryPublish()
 		}
 	}
+}
+
+// retryIn reports whether a refused Model waits, and how long until its
+// retry is due.
+func (s *Source) retryIn() (time.Duration, bool) {
+	if s.pending == nil {
+		return 0, false
+	}
+	return s.retry.Wait(s.clock.Now()), true
+}
+
+// retryPublish tries the pending Model again if its time has come.
+func (s *Source) retryPublish() {
+	if s.pending != nil && s.retry.Wait(s.clock.Now()) <= 0 {
+		s.tryPublish(s.clock.Now())
+	}
+}
+
+// offer makes model, built from a changed file, the one to publish: at
+// once, or, while backing off after a failure, at the retry's time.
+func (s *Source) offer(model *service.Model, start time.Time) {
+	if s.loaded && s.cfg.Health != nil {
+		s.cfg.Health.QueuedUpdate()
+	}
+	s.loaded = true
+	s.pending = model
+	if s.retry.Wait(s.clock.Now()) > 0 {
+		return // joins the retry
+	}
+	s.tryPublish(start)
+}
+
+// tryPublish publishes the pending Model; a sync that began at start.
+func (s *Source) tryPublish(start time.Time) {
+	model := s.pending
+	if err := s.publish(model); err != nil {
+		s.cfg.Metrics.PublishFailed()
+		delay, log := s.retry.Failed(s.clock.Now())
+		if log {
+			s.log.Error("filesource: publishing the service model failed; the current one stays, retrying",
+				"file", s.cfg.Path, "err", err, "failures", s.retry.Failures(), "retryIn", delay)
+		}
+		return
+	}
+	s.pending = nil
+	s.published = true
+	s.cfg.Metrics.ObserveSync(start, s.clock.Now(), nil)
+	if n := s.retry.Succeeded(); n > 0 {
+		s.log.Info(fmt.Sprintf("filesource: publishing recovered after %d failures", n), "file", s.cfg.Path, "failures", n)
+	}
+	if s.cfg.Health != nil {
+		s.cfg.Health.Updated()
+	}
+	s.log.Info("filesource: loaded", "file", s.cfg.Path, "servicePorts", len(model.Ports))
 }
 
 func stamp(path string) (fileStamp, error) {
@@ -151,15 +251,12 @@ func (s *Source) poll() {
 		return // touched, or read again; not changed
 	}
 	s.sum, s.processed = sum, true
-	start := time.Now()
+	start := s.clock.Now()
 	model, ok := s.build(data)
 	if !ok {
 		return
 	}
-	s.publish(model)
-	s.published = true
-	s.cfg.Metrics.ObserveSync(start, time.Now(), nil)
-	s.log.Info("filesource: loaded", "file", s.cfg.Path, "servicePorts", len(model.Ports))
+	s.offer(model, start)
 }
 
 // readFailed logs a read error once until the file reads again. The
@@ -187,7 +284,8 @@ func (s *Source) build(data []byte) (*service.Model, bool) {
 	}
 	// A fresh converter per load: problems are logged again for each
 	// version of the file, which is when someone is looking.
-	conv := k8sconv.NewConverter(k8sconv.Options{ProxyName: s.cfg.ProxyName, DefaultScheduler: s.cfg.DefaultScheduler, Logger: s.log})
+	conv := k8sconv.NewConverter(k8sconv.Options{ProxyName: s.cfg.ProxyName, DefaultScheduler: s.cfg.DefaultScheduler,
+		Logger: s.log, Metrics: s.cfg.Metrics})
 	b := k8sconv.NewBuilder()
 	seenServices := make(map[types.NamespacedName]bool)
 	for _, svc := range objs.Services {

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	netutils "k8s.io/utils/net"
 
+	"github.com/xdproxy/xdproxy/control/metrics"
 	"github.com/xdproxy/xdproxy/dataplane/service"
 	"github.com/xdproxy/xdproxy/nat/packet"
 )
@@ -49,6 +50,9 @@ type Options struct {
 	// Logger receives one line per unusable object and resourceVersion;
 	// slog.Default() when nil.
 	Logger *slog.Logger
+	// Metrics counts the objects skipped as a whole, once per
+	// resourceVersion (xdproxy_invalid_objects_total); nil counts nothing.
+	Metrics *metrics.Metrics
 }
 
 // Converter converts Services and EndpointSlices. It is safe for concurrent
@@ -57,6 +61,7 @@ type Converter struct {
 	proxyName        string
 	defaultScheduler service.Scheduler
 	log              *slog.Logger
+	metrics          *metrics.Metrics
 
 	mu       sync.Mutex
 	reported map[objectRef]string // object -> resourceVersion and problems last logged
@@ -74,6 +79,7 @@ func NewConverter(opts Options) *Converter {
 		proxyName:        opts.ProxyName,
 		defaultScheduler: opts.DefaultScheduler,
 		log:              opts.Logger,
+		metrics:          opts.Metrics,
 		reported:         make(map[objectRef]string),
 	}
 	if c.proxyName == "" {
@@ -134,7 +140,7 @@ func (c *Converter) Service(svc *v1.Service) *Service {
 	}
 	var p problems
 	out := c.convertService(svc, &p)
-	c.report("Service", svc, &p)
+	c.report(metrics.KindService, svc, &p)
 	if len(p.fatal) > 0 {
 		return nil
 	}
@@ -181,11 +187,16 @@ func (c *Converter) convertService(svc *v1.Service, p *problems) *Service {
 	// the service has a cluster IP in.
 	inFamily := func(a packet.Addr) bool { return a.Is4() && has4 || !a.Is4() && has6 }
 
+	// A malformed external IP, ingress IP or source range loses only
+	// itself, as in kube-proxy; the rest of the service is programmed.
 	var externalIPs []packet.Addr
-	for _, s := range spec.ExternalIPs {
+	for i, s := range spec.ExternalIPs {
+		if strings.TrimSpace(s) == "" {
+			continue // kube-proxy ignores empty strings quietly
+		}
 		a, err := parseAddr(s)
 		if err != nil {
-			p.fail("spec.externalIPs: %v", err)
+			p.warn("spec.externalIPs[%d]: %v; entry skipped", i, err)
 		} else if inFamily(a) {
 			externalIPs = append(externalIPs, a)
 		}
@@ -197,21 +208,42 @@ func (c *Converter) convertService(svc *v1.Service, p *problems) *Service {
 		}
 		a, err := parseAddr(ing.IP)
 		if err != nil {
-			p.fail("status.loadBalancer.ingress[%d].ip: %v", i, err)
+			p.warn("status.loadBalancer.ingress[%d].ip: %v; entry skipped", i, err)
 		} else if inFamily(a) {
 			lbIPs = append(lbIPs, a)
 		}
 	}
 	var ranges []netip.Prefix
-	for _, s := range spec.LoadBalancerSourceRanges {
+	var badRange bool
+	for i, s := range spec.LoadBalancerSourceRanges {
 		// Validation lets whitespace through; kube-proxy trims it too.
-		pfx, err := parsePrefix(strings.TrimSpace(s))
+		s = strings.TrimSpace(s)
+		if s == "" {
+			continue
+		}
+		pfx, err := parsePrefix(s)
 		if err != nil {
-			// Dropping a bad range could open the service to everyone.
-			p.fail("spec.loadBalancerSourceRanges: %v", err)
+			p.warn("spec.loadBalancerSourceRanges[%d]: %v; entry skipped", i, err)
+			badRange = true
 			continue
 		}
 		ranges = append(ranges, pfx)
+	}
+	if badRange {
+		// Ranges apply per family and a family without any is open to
+		// everyone. Where dropping malformed ranges left a family with
+		// none, kube-proxy would open the load balancer; close it instead
+		// (its ingress IPs of that family are not programmed), since the
+		// malformed entry may have been that family's restriction.
+		var kept []packet.Addr
+		for _, a := range lbIPs {
+			if slices.ContainsFunc(ranges, func(r netip.Prefix) bool { return r.Addr().Is4() == a.Is4() }) {
+				kept = append(kept, a)
+			} else {
+				p.warn("status.loadBalancer.ingress IP %s not programmed: no usable loadBalancerSourceRange of its family", a)
+			}
+		}
+		lbIPs = kept
 	}
 
 	var affinity time.Duration
@@ -320,7 +352,7 @@ func (c *Converter) EndpointSlice(es *discovery.EndpointSlice) *Slice {
 	}
 	var p problems
 	out := c.convertSlice(es, &p)
-	c.report("EndpointSlice", es, &p)
+	c.report(metrics.KindEndpointSlice, es, &p)
 	if len(p.fatal) > 0 {
 		return nil
 	}
@@ -446,6 +478,7 @@ func (c *Converter) report(kind string, obj metav1.Object, p *problems) {
 	msg := kind + " partly used"
 	if len(p.fatal) > 0 {
 		msg = kind + " skipped"
+		c.metrics.InvalidObject(kind)
 	}
 	c.log.Warn(msg, "object", ref.namespace+"/"+ref.name, "resourceVersion", obj.GetResourceVersion(),
 		"problems", strings.Join(all, "; "))

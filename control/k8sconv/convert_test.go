@@ -6,9 +6,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 
+	"github.com/xdproxy/xdproxy/control/metrics"
 	"github.com/xdproxy/xdproxy/dataplane/service"
 	"github.com/xdproxy/xdproxy/nat/packet"
 )
@@ -313,14 +316,23 @@ func TestServiceConversion(t *testing.T) {
 			wantLog: `malformed IP \"172.30.0.300\"`,
 		},
 		{
-			name:    "malformed external IP skips the service",
-			svc:     makeService("ns1", "a", func(s *v1.Service) { s.Spec.ExternalIPs = []string{"nope"} }),
-			wantLog: "Service skipped",
+			name: "malformed external IP loses only itself (more in TestMalformedEntriesLoseOnlyThemselves)",
+			svc:  makeService("ns1", "a", func(s *v1.Service) { s.Spec.ExternalIPs = []string{"nope", "198.18.5.5"} }),
+			want: []service.ServicePort{func() service.ServicePort {
+				p := basePort("ns1", "a")
+				p.ExternalIPs = addrs("198.18.5.5")
+				return p
+			}()},
+			wantLog: `Service partly used`,
 		},
 		{
-			name:    "malformed source range skips the service rather than opening it",
-			svc:     makeService("ns1", "a", func(s *v1.Service) { s.Spec.LoadBalancerSourceRanges = []string{"198.18.0.0/33"} }),
-			wantLog: "malformed CIDR",
+			name: "malformed healthCheckNodePort still skips the service",
+			svc: makeService("ns1", "a", func(s *v1.Service) {
+				s.Spec.Type = v1.ServiceTypeLoadBalancer
+				s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+				s.Spec.HealthCheckNodePort = 70000
+			}),
+			wantLog: "Service skipped",
 		},
 		{
 			name:    "port out of range skips the service",
@@ -498,5 +510,200 @@ func TestProblemsLoggedOncePerResourceVersion(t *testing.T) {
 	// Other objects are unaffected by a bad one.
 	if c.Service(makeService("ns1", "b")) == nil {
 		t.Fatal("good service skipped")
+	}
+}
+
+func TestMalformedEntriesLoseOnlyThemselves(t *testing.T) {
+	// lb makes a LoadBalancer service with node port 30080 and ingress IPs.
+	lb := func(ingress ...string) func(*v1.Service) {
+		return func(s *v1.Service) {
+			s.Spec.Type = v1.ServiceTypeLoadBalancer
+			s.Spec.Ports[0].NodePort = 30080
+			for _, ip := range ingress {
+				s.Status.LoadBalancer.Ingress = append(s.Status.LoadBalancer.Ingress, v1.LoadBalancerIngress{IP: ip})
+			}
+		}
+	}
+	dualStack := func(s *v1.Service) { s.Spec.ClusterIPs = []string{"172.30.0.1", "fd00:30::1"} }
+	testCases := []struct {
+		name    string
+		tweaks  []func(*v1.Service)
+		want    func(*service.ServicePort) // applied to basePort
+		wantLog []string                   // substrings of the one log line; none: no line
+	}{
+		{
+			name: "externalIPs: a malformed entry among good ones",
+			tweaks: []func(*v1.Service){func(s *v1.Service) {
+				s.Spec.ExternalIPs = []string{"198.18.5.5", "198.18.5.256", "198.18.5.6"}
+			}},
+			want:    func(p *service.ServicePort) { p.ExternalIPs = addrs("198.18.5.5", "198.18.5.6") },
+			wantLog: []string{"Service partly used", `spec.externalIPs[1]: malformed IP \"198.18.5.256\"; entry skipped`},
+		},
+		{
+			name:    "externalIPs: all malformed leaves the service without external IPs",
+			tweaks:  []func(*v1.Service){func(s *v1.Service) { s.Spec.ExternalIPs = []string{"nope", "fe80::1%eth0", "0.0.0.0"} }},
+			want:    func(p *service.ServicePort) {},
+			wantLog: []string{"spec.externalIPs[0]", "spec.externalIPs[1]: malformed IP", "zones are not allowed", "spec.externalIPs[2]: unspecified IP"},
+		},
+		{
+			name:   "externalIPs: an empty string is ignored quietly, as kube-proxy does",
+			tweaks: []func(*v1.Service){func(s *v1.Service) { s.Spec.ExternalIPs = []string{"", "198.18.5.5"} }},
+			want:   func(p *service.ServicePort) { p.ExternalIPs = addrs("198.18.5.5") },
+		},
+		{
+			name:   "ingress IP: a malformed entry among good ones",
+			tweaks: []func(*v1.Service){lb("198.18.100.1", "198.18.100", "198.18.100.2")},
+			want: func(p *service.ServicePort) {
+				p.NodePort = 30080
+				p.LoadBalancerIPs = addrs("198.18.100.1", "198.18.100.2")
+			},
+			wantLog: []string{`status.loadBalancer.ingress[1].ip: malformed IP \"198.18.100\"; entry skipped`},
+		},
+		{
+			name:    "ingress IP: the only one malformed keeps the node port",
+			tweaks:  []func(*v1.Service){lb("::")},
+			want:    func(p *service.ServicePort) { p.NodePort = 30080 },
+			wantLog: []string{"status.loadBalancer.ingress[0].ip: unspecified IP"},
+		},
+		{
+			name: "source ranges: a malformed entry among good ones of the family",
+			tweaks: []func(*v1.Service){lb("198.18.100.1"), func(s *v1.Service) {
+				s.Spec.LoadBalancerSourceRanges = []string{"198.18.0.0/16", "198.19.0.0/33", " 10.0.0.0/8 "}
+			}},
+			want: func(p *service.ServicePort) {
+				p.NodePort = 30080
+				p.LoadBalancerIPs = addrs("198.18.100.1")
+				p.SourceRanges = prefixes("198.18.0.0/16", "10.0.0.0/8")
+			},
+			wantLog: []string{`spec.loadBalancerSourceRanges[1]: malformed CIDR \"198.19.0.0/33\"; entry skipped`},
+		},
+		{
+			name: "source ranges: all malformed closes the load balancer rather than opening it",
+			tweaks: []func(*v1.Service){lb("198.18.100.1"), func(s *v1.Service) {
+				s.Spec.LoadBalancerSourceRanges = []string{"198.18.0.0/33"}
+			}},
+			want:    func(p *service.ServicePort) { p.NodePort = 30080 },
+			wantLog: []string{"malformed CIDR", "ingress IP 198.18.100.1 not programmed: no usable loadBalancerSourceRange of its family"},
+		},
+		{
+			name: "source ranges: dual-stack, a malformed entry leaves IPv6 without a range: IPv6 ingress closed",
+			tweaks: []func(*v1.Service){dualStack, lb("198.18.100.1", "2001:db8::1"), func(s *v1.Service) {
+				s.Spec.LoadBalancerSourceRanges = []string{"198.18.0.0/16", "2001:db8::/129"}
+			}},
+			want: func(p *service.ServicePort) {
+				p.ClusterIPs = addrs("172.30.0.1", "fd00:30::1")
+				p.NodePort = 30080
+				p.LoadBalancerIPs = addrs("198.18.100.1")
+				p.SourceRanges = prefixes("198.18.0.0/16")
+			},
+			wantLog: []string{"spec.loadBalancerSourceRanges[1]", "ingress IP 2001:db8::1 not programmed"},
+		},
+		{
+			name: "source ranges: dual-stack with both families given and valid is untouched by a third, bad one",
+			tweaks: []func(*v1.Service){dualStack, lb("198.18.100.1", "2001:db8::1"), func(s *v1.Service) {
+				s.Spec.LoadBalancerSourceRanges = []string{"198.18.0.0/16", "2001:db8::/32", "bogus"}
+			}},
+			want: func(p *service.ServicePort) {
+				p.ClusterIPs = addrs("172.30.0.1", "fd00:30::1")
+				p.NodePort = 30080
+				p.LoadBalancerIPs = addrs("198.18.100.1", "2001:db8::1")
+				p.SourceRanges = prefixes("198.18.0.0/16", "2001:db8::/32")
+			},
+			wantLog: []string{`spec.loadBalancerSourceRanges[2]: malformed CIDR \"bogus\"`},
+		},
+		{
+			name: "several bad fields: one line names them all",
+			tweaks: []func(*v1.Service){lb("198.18.100.1", "x"), func(s *v1.Service) {
+				s.Spec.ExternalIPs = []string{"y", "198.18.5.5"}
+				s.Spec.LoadBalancerSourceRanges = []string{"z", "198.18.0.0/16"}
+			}},
+			want: func(p *service.ServicePort) {
+				p.NodePort = 30080
+				p.ExternalIPs = addrs("198.18.5.5")
+				p.LoadBalancerIPs = addrs("198.18.100.1")
+				p.SourceRanges = prefixes("198.18.0.0/16")
+			},
+			wantLog: []string{"spec.externalIPs[0]", "status.loadBalancer.ingress[1].ip", "spec.loadBalancerSourceRanges[0]"},
+		},
+	}
+	for _, tc := range testCases {
+		t.Run(tc.name, func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			m, err := metrics.New(reg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, logs := newTestConverter(t, Options{Metrics: m})
+			svc := makeService("ns1", "a", tc.tweaks...)
+			want := basePort("ns1", "a")
+			tc.want(&want)
+			for range 3 { // as a resync would: one line per revision, not per conversion
+				got := c.Service(svc)
+				if got == nil {
+					t.Fatalf("service skipped; logs: %q", logs.lines())
+				}
+				if !reflect.DeepEqual(got.Ports, []service.ServicePort{want}) {
+					t.Fatalf("ports:\n got %+v\nwant %+v", got.Ports, []service.ServicePort{want})
+				}
+			}
+			lines := logs.lines()
+			if len(tc.wantLog) == 0 {
+				if len(lines) != 0 {
+					t.Fatalf("unexpected log: %q", lines)
+				}
+			} else {
+				if len(lines) != 1 {
+					t.Fatalf("log %q, want one line", lines)
+				}
+				for _, w := range append(tc.wantLog, "object=ns1/a", "resourceVersion=1", "Service partly used") {
+					if !strings.Contains(lines[0], w) {
+						t.Errorf("log %q lacks %q", lines[0], w)
+					}
+				}
+			}
+			if n := testutil.ToFloat64(m.InvalidObjects.WithLabelValues(metrics.KindService)); n != 0 {
+				t.Errorf("a partly used service counted as invalid (%v)", n)
+			}
+		})
+	}
+}
+
+func TestInvalidObjectsCountedOncePerRevision(t *testing.T) {
+	m, err := metrics.New(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, logs := newTestConverter(t, Options{Metrics: m})
+	count := func(kind string) float64 { return testutil.ToFloat64(m.InvalidObjects.WithLabelValues(kind)) }
+
+	bad := makeService("ns1", "a", func(s *v1.Service) { s.Spec.Ports[0].Port = 70000 })
+	for range 3 {
+		if c.Service(bad) != nil {
+			t.Fatal("service with port 70000 converted")
+		}
+	}
+	if n := count(metrics.KindService); n != 1 {
+		t.Fatalf("invalid services %v after three conversions of one revision, want 1", n)
+	}
+	bad2 := bad.DeepCopy()
+	bad2.ResourceVersion = "2"
+	c.Service(bad2)
+	if n := count(metrics.KindService); n != 2 {
+		t.Fatalf("invalid services %v after a new revision, want 2", n)
+	}
+
+	badSlice := makeSlice("ns1", "a-1", "", func(es *discovery.EndpointSlice) { es.AddressType = "IPv5" })
+	c.EndpointSlice(badSlice)
+	c.EndpointSlice(badSlice)
+	if n := count(metrics.KindEndpointSlice); n != 1 {
+		t.Fatalf("invalid slices %v, want 1", n)
+	}
+	// A slice that loses one endpoint is not invalid.
+	c.EndpointSlice(makeSlice("ns1", "b-1", "b", withEndpoints(ep("10.0.0.1"), ep("10.0.0"))))
+	if n := count(metrics.KindEndpointSlice); n != 1 {
+		t.Fatalf("invalid slices %v after a partly used one, want 1", n)
+	}
+	if n := len(logs.lines()); n != 4 {
+		t.Fatalf("%d log lines, want 4: %q", n, logs.lines())
 	}
 }

@@ -37,10 +37,21 @@
 // zone hints: current kube-proxy honours hints whenever every ready endpoint
 // has one, whoever set them.
 //
-// An object that cannot be used (malformed IP or CIDR, port out of range) is
-// skipped and logged once per resourceVersion with its namespace/name; a
-// port with a protocol xdproxy does not forward (SCTP) is dropped from the
-// service and logged the same way. Every other object keeps working.
+// Bad input loses only itself, as in kube-proxy. A malformed entry of
+// spec.externalIPs, spec.loadBalancerSourceRanges or
+// status.loadBalancer.ingress[].ip is dropped and the rest of the Service
+// programmed; so is a port with a protocol xdproxy does not forward (SCTP),
+// an endpoint with a malformed address, or a slice port out of range. One
+// exception keeps a typo from opening a service: where dropping malformed
+// source ranges leaves a family with no range at all, the ingress IPs of
+// that family are not programmed (kube-proxy would leave them open to
+// everyone). An object that cannot be used as a whole (malformed cluster
+// IP, service port or healthCheckNodePort out of range, a slice without its
+// service-name label or with an unknown addressType) is skipped and counted
+// in xdproxy_invalid_objects_total{kind} (Options.Metrics). Either way the
+// object gets one log line per resourceVersion, naming it and every
+// problem, however often it is converted. Every other object keeps
+// working.
 //
 // A Builder keeps the converted objects and the ServicePorts built from
 // them, and rebuilds only the services whose objects changed. A Model it

@@ -22,11 +22,12 @@ func BenchmarkSliceEvent(b *testing.B) {
 	s, err := NewForClient(fake.NewClientset(), Config{
 		NodeName: "node-1",
 		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
-	}, func(m *service.Model) {
+	}, func(m *service.Model) error {
 		if len(m.Ports) != 10000 {
 			b.Fatalf("%d ports", len(m.Ports))
 		}
 		published++
+		return nil
 	})
 	if err != nil {
 		b.Fatal(err)

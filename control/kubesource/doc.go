@@ -18,6 +18,30 @@
 //     Model stays in force: list and watch errors never reach the model, the
 //     informers retry and relist on their own, and a relist only changes
 //     objects that really changed.
+//   - Publishing may fail (the callback returns an error); nothing is lost.
+//     The Model is kept and tried again 1 s after the first failure, then
+//     after 2, 4, 8, 16 and 30 s (at most; runner.Retry), and never sooner
+//     than MinSyncPeriod after the last try. Changes that arrive meanwhile
+//     wait in the change trackers and are built into the retry, so what is
+//     published is always the latest Model. The first failure is logged,
+//     then at most one line every 30 s, and "recovered after N failures"
+//     once it works. Metrics: xdproxy_publish_failures_total counts the
+//     failed tries, xdproxy_publish_pending is 1 while a Model waits; the
+//     kube-proxy sync metrics (duration, last timestamp, network
+//     programming latency) move only on a successful publish.
+//   - Config.Health hears what kube-proxy's proxier tells its health
+//     server: Updated when Run starts and after each successful publish,
+//     QueuedUpdate, once the initial lists are in, for every Service event
+//     while a Service change is pending, every EndpointSlice event that
+//     changed its slice, and every change of the Node that the model sees.
+//     A failed publish calls neither, so /healthz fails once a change has
+//     waited longer than its timeout. (As in kube-proxy, a failing first
+//     publish is not queued and so not seen there; the pending gauge and
+//     the log show it.)
+//   - NodeState reports this node's Node for node eligibility: Known once
+//     it has been seen, Deleting while it carries a deletion timestamp or
+//     the ToBeDeletedByClusterAutoscaler taint. It does not publish
+//     anything by itself.
 //
 // The credentials need list and watch on services, endpointslices
 // (discovery.k8s.io) and nodes, as kube-proxy's system:node-proxier role

@@ -120,7 +120,7 @@ func BenchmarkSliceToWorkers(b *testing.B) {
 		MaxSyncPeriod: time.Hour,
 		ResyncPeriod:  -1,
 		Logger:        slog.New(slog.NewTextHandler(io.Discard, nil)),
-	}, func(m *service.Model) {
+	}, func(m *service.Model) error {
 		start := time.Now()
 		t := service.CompileFrom(prev, m, opts)
 		cur.Store(t)
@@ -133,6 +133,7 @@ func BenchmarkSliceToWorkers(b *testing.B) {
 		mu.Unlock()
 		prev = t
 		stored <- now
+		return nil
 	})
 	if err != nil {
 		b.Fatal(err)

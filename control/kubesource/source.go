@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/xdproxy/xdproxy/control/changes"
+	"github.com/xdproxy/xdproxy/control/health"
 	"github.com/xdproxy/xdproxy/control/k8sconv"
 	"github.com/xdproxy/xdproxy/control/metrics"
 	"github.com/xdproxy/xdproxy/control/runner"
@@ -83,6 +84,22 @@ type Config struct {
 	Logger  *slog.Logger     // slog.Default() when nil
 	Metrics *metrics.Metrics // nil records nothing
 	Clock   runner.Clock     // runner.RealClock when nil
+	// Health hears about queued and published changes with kube-proxy's
+	// rules (see Health); nil tells no one.
+	Health Health
+}
+
+// Health is told what the /healthz rule needs, as kube-proxy's proxier
+// tells its ProxyHealthServer: QueuedUpdate when an informer event leaves
+// a change to publish (once the initial lists are in; the exact rules are
+// in the package documentation), and Updated when Run starts and after
+// every successful publish. A failed
+// publish calls neither, so a change that cannot be published makes
+// /healthz fail once it has waited the health timeout. *health.Proxy
+// implements it.
+type Health interface {
+	QueuedUpdate()
+	Updated()
 }
 
 // RESTConfig returns the client configuration for kubeconfig (in-cluster
@@ -113,7 +130,7 @@ func RESTConfig(kubeconfig string, qps float32, burst int) (*rest.Config, error)
 type Source struct {
 	cfg     Config
 	client  kubernetes.Interface
-	publish func(*service.Model)
+	publish func(*service.Model) error
 	log     *slog.Logger
 	clock   runner.Clock
 	conv    *k8sconv.Converter
@@ -125,6 +142,7 @@ type Source struct {
 	nodeMu      sync.Mutex
 	node        service.Node
 	nodeChanged bool
+	nodeState   health.NodeState
 
 	started time.Time   // trigger times before this are the initial list, not changes
 	synced  atomic.Bool // all informers have delivered their initial lists
@@ -132,6 +150,11 @@ type Source struct {
 	// Owned by the sync loop.
 	builder   *k8sconv.Builder
 	published bool
+	// unpublished is the latest Model, built but refused by publish; it
+	// is retried (with any later changes built in) when retry allows.
+	unpublished *service.Model
+	triggers    []time.Time // of the changes in unpublished
+	retry       *runner.Retry
 }
 
 // ErrNoNodeName is returned when Config.NodeName is empty.
@@ -139,8 +162,11 @@ var ErrNoNodeName = errors.New("kubesource: NodeName is required")
 
 // New returns a Source for the API server that cfg.Kubeconfig (or the
 // in-cluster configuration) names. publish is called from one goroutine
-// with each new Model; the Model must not be modified.
-func New(cfg Config, publish func(*service.Model)) (*Source, error) {
+// with each new Model; the Model must not be modified. When publish
+// returns an error the Model stays pending and is tried again after a
+// growing delay (1 s doubling to 30 s), by then with every later change
+// built in; see the package documentation.
+func New(cfg Config, publish func(*service.Model) error) (*Source, error) {
 	rc, err := RESTConfig(cfg.Kubeconfig, cfg.QPS, cfg.Burst)
 	if err != nil {
 		return nil, err
@@ -153,7 +179,7 @@ func New(cfg Config, publish func(*service.Model)) (*Source, error) {
 }
 
 // NewForClient is New with a ready client (a fake one in tests).
-func NewForClient(client kubernetes.Interface, cfg Config, publish func(*service.Model)) (*Source, error) {
+func NewForClient(client kubernetes.Interface, cfg Config, publish func(*service.Model) error) (*Source, error) {
 	if cfg.NodeName == "" {
 		return nil, ErrNoNodeName
 	}
@@ -181,6 +207,7 @@ func NewForClient(client kubernetes.Interface, cfg Config, publish func(*service
 		services: changes.New[types.NamespacedName](equalValue[*k8sconv.Service]),
 		slices:   changes.New[k8sconv.SliceKey](equalValue[*k8sconv.Slice]),
 		builder:  k8sconv.NewBuilder(),
+		retry:    runner.NewRetry(0, 0, 0),
 	}
 	if s.log == nil {
 		s.log = slog.Default()
@@ -188,7 +215,8 @@ func NewForClient(client kubernetes.Interface, cfg Config, publish func(*service
 	if s.clock == nil {
 		s.clock = runner.RealClock{}
 	}
-	s.conv = k8sconv.NewConverter(k8sconv.Options{ProxyName: cfg.ProxyName, DefaultScheduler: cfg.DefaultScheduler, Logger: s.log})
+	s.conv = k8sconv.NewConverter(k8sconv.Options{ProxyName: cfg.ProxyName, DefaultScheduler: cfg.DefaultScheduler,
+		Logger: s.log, Metrics: cfg.Metrics})
 	s.runner = runner.New(s.sync, cfg.MinSyncPeriod, cfg.MaxSyncPeriod, s.clock)
 	s.node = s.nodeFrom(nil)
 	return s, nil
@@ -200,6 +228,11 @@ func equalValue[V any](a, b V) bool { return reflect.DeepEqual(a, b) }
 // Run starts the informers and the sync loop and blocks until ctx is done.
 func (s *Source) Run(ctx context.Context) error {
 	s.started = s.clock.Now()
+	// kube-proxy's SyncLoop does the same, "in case Sync() never
+	// succeeds": /healthz then shows when the proxy started.
+	if s.cfg.Health != nil {
+		s.cfg.Health.Updated()
+	}
 	// kube-proxy leaves headless services' slices to DNS; the API server
 	// filters them out. The proxy-name label can't be filtered there (an
 	// absent label and our name are both fine), so the converter does it.
@@ -279,12 +312,14 @@ func (s *Source) onService(old, cur *v1.Service) {
 		return
 	}
 	key := types.NamespacedName{Namespace: obj.Namespace, Name: obj.Name}
-	pending := s.services.Update(key, s.conv.Service(old), s.conv.Service(cur), time.Time{})
+	pending, _ := s.services.Update(key, s.conv.Service(old), s.conv.Service(cur), time.Time{})
 	if cur == nil {
-		s.conv.Forget("Service", key.Namespace, key.Name)
+		s.conv.Forget(metrics.KindService, key.Namespace, key.Name)
 	}
 	s.cfg.Metrics.ServiceEvent(pending)
-	s.requestSync(pending)
+	// kube-proxy's OnServiceUpdate syncs while any service change is
+	// pending (ServiceChangeTracker.Update returns len(items) > 0).
+	s.requestSync(pending > 0)
 }
 
 func (s *Source) onSlice(old, cur *discovery.EndpointSlice) {
@@ -302,12 +337,14 @@ func (s *Source) onSlice(old, cur *discovery.EndpointSlice) {
 		// deletion; like kube-proxy, measure only updates.
 		trigger = s.triggerTime(cur)
 	}
-	pending := s.slices.Update(key, s.conv.EndpointSlice(old), s.conv.EndpointSlice(cur), trigger)
+	pending, changed := s.slices.Update(key, s.conv.EndpointSlice(old), s.conv.EndpointSlice(cur), trigger)
 	if cur == nil {
-		s.conv.Forget("EndpointSlice", key.Namespace, key.Name)
+		s.conv.Forget(metrics.KindEndpointSlice, key.Namespace, key.Name)
 	}
 	s.cfg.Metrics.EndpointEvent(pending)
-	s.requestSync(pending)
+	// kube-proxy's OnEndpointSliceUpdate syncs only when this event changed
+	// the slice (EndpointsChangeTracker.EndpointSliceUpdate).
+	s.requestSync(changed)
 }
 
 func (s *Source) triggerTime(es *discovery.EndpointSlice) time.Time {
@@ -329,9 +366,38 @@ func (s *Source) onNode(n *v1.Node) {
 	s.setNode(n)
 }
 
+// ToBeDeletedTaint is the taint the cluster autoscaler puts on a node it is
+// about to delete; kube-proxy's node eligibility looks for it.
+const ToBeDeletedTaint = "ToBeDeletedByClusterAutoscaler"
+
+// NodeState reports this node's Node as last seen: Known once it has been
+// seen (false again after it is deleted), Deleting while it has a deletion
+// timestamp or the ToBeDeletedByClusterAutoscaler taint (kube-proxy's
+// NodeEligible rule). It is safe for concurrent use.
+func (s *Source) NodeState() health.NodeState {
+	s.nodeMu.Lock()
+	defer s.nodeMu.Unlock()
+	return s.nodeState
+}
+
+func nodeStateOf(n *v1.Node) health.NodeState {
+	if n == nil {
+		return health.NodeState{}
+	}
+	st := health.NodeState{Known: true, Deleting: !n.DeletionTimestamp.IsZero()}
+	for _, t := range n.Spec.Taints {
+		if t.Key == ToBeDeletedTaint {
+			st.Deleting = true
+		}
+	}
+	return st
+}
+
 func (s *Source) setNode(n *v1.Node) {
 	node := s.nodeFrom(n)
+	state := nodeStateOf(n)
 	s.nodeMu.Lock()
+	s.nodeState = state
 	changed := !reflect.DeepEqual(node, s.node)
 	if changed {
 		s.node = node
@@ -339,7 +405,7 @@ func (s *Source) setNode(n *v1.Node) {
 	}
 	s.nodeMu.Unlock()
 	if changed {
-		s.requestSync(1)
+		s.requestSync(true) // kube-proxy's OnTopologyChange syncs
 	}
 }
 
@@ -395,19 +461,31 @@ func containsAddr(list []packet.Addr, a packet.Addr) bool {
 	return false
 }
 
-func (s *Source) requestSync(pending int) {
-	if pending > 0 && s.synced.Load() {
+// requestSync asks for a sync when an event calls for one, as kube-proxy's
+// event handlers do: `if tracker.Update(...) && isInitialized() { Sync() }`,
+// where Sync tells the health server an update is queued.
+func (s *Source) requestSync(needed bool) {
+	if needed && s.synced.Load() {
+		if s.cfg.Health != nil {
+			s.cfg.Health.QueuedUpdate()
+		}
 		s.runner.Run()
 	}
 }
 
 // sync runs on the runner's goroutine: it applies the pending changes to
-// the builder and publishes the new Model.
+// the builder and publishes the new Model. After a failed publish it waits
+// for the retry's time, leaving new changes in the trackers; the retry
+// then builds them into the Model it publishes.
 func (s *Source) sync() {
 	if !s.synced.Load() {
 		return // a periodic run before the initial lists are in
 	}
 	start := s.clock.Now()
+	if wait := s.retry.Wait(start); wait > 0 {
+		s.runner.RetryAfter(wait) // this run was asked for by an event or the period
+		return
+	}
 	svcChanges, _ := s.services.Checkout()
 	sliceChanges, triggers := s.slices.Checkout()
 	s.nodeMu.Lock()
@@ -416,21 +494,45 @@ func (s *Source) sync() {
 	s.nodeMu.Unlock()
 	s.cfg.Metrics.SetPending(s.services.Pending(), s.slices.Pending())
 
-	if s.published && len(svcChanges) == 0 && len(sliceChanges) == 0 && !nodeChanged {
+	changed := len(svcChanges) > 0 || len(sliceChanges) > 0 || nodeChanged
+	model := s.unpublished
+	if changed || (model == nil && !s.published) {
+		for key, c := range svcChanges {
+			s.builder.SetService(key, c.Current)
+		}
+		for key, c := range sliceChanges {
+			s.builder.SetSlice(key, c.Current)
+		}
+		model = s.builder.Model(node)
+	}
+	if model == nil {
+		return // nothing changed since the last publish
+	}
+	s.triggers = append(s.triggers, triggers...)
+	if err := s.publish(model); err != nil {
+		s.unpublished = model
+		s.cfg.Metrics.PublishFailed()
+		delay, log := s.retry.Failed(s.clock.Now())
+		if log {
+			s.log.Error("kubesource: publishing the service model failed; the current one stays, retrying",
+				"err", err, "failures", s.retry.Failures(), "retryIn", delay)
+		}
+		s.runner.RetryAfter(delay)
 		return
 	}
-	for key, c := range svcChanges {
-		s.builder.SetService(key, c.Current)
-	}
-	for key, c := range sliceChanges {
-		s.builder.SetSlice(key, c.Current)
-	}
-	model := s.builder.Model(node)
-	s.publish(model)
+	end := s.clock.Now()
+	s.unpublished = nil
 	s.published = true
-	s.cfg.Metrics.ObserveSync(start, s.clock.Now(), triggers)
+	s.cfg.Metrics.ObserveSync(start, end, s.triggers)
+	s.triggers = nil
+	if n := s.retry.Succeeded(); n > 0 {
+		s.log.Info(fmt.Sprintf("kubesource: publishing recovered after %d failures", n), "failures", n)
+	}
+	if s.cfg.Health != nil {
+		s.cfg.Health.Updated()
+	}
 	s.log.Debug("kubesource: published", "servicePorts", len(model.Ports), "serviceChanges", len(svcChanges),
-		"sliceChanges", len(sliceChanges), "took", s.clock.Now().Sub(start))
+		"sliceChanges", len(sliceChanges), "took", end.Sub(start))
 }
 
 // The informers hand over *T, or a tombstone when a delete was missed

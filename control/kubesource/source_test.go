@@ -3,6 +3,7 @@ package kubesource
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -23,6 +24,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/xdproxy/xdproxy/control/health"
 	"github.com/xdproxy/xdproxy/control/metrics"
 	"github.com/xdproxy/xdproxy/control/runner"
 	"github.com/xdproxy/xdproxy/dataplane/service"
@@ -81,8 +83,55 @@ type harness struct {
 	src     *Source
 	clock   *runner.FakeClock
 	metrics *metrics.Metrics
+	reg     *prometheus.Registry
 	models  chan *service.Model
 	cancel  context.CancelFunc
+
+	// failNext publishes are refused; each refused Model goes to refused.
+	failNext atomic.Int32
+	refused  chan *service.Model
+	// rec, when cfg.Health is one, also hears of each publish.
+	rec *healthRecorder
+}
+
+var errRefused = errors.New("dataplane refused the table")
+
+// publish is the harness's publish callback.
+func (h *harness) publish(m *service.Model) error {
+	if h.failNext.Add(-1) >= 0 {
+		if h.rec != nil {
+			h.rec.record("publish failed")
+		}
+		h.refused <- m
+		return errRefused
+	}
+	h.failNext.Store(0)
+	if h.rec != nil {
+		h.rec.record("publish")
+	}
+	h.models <- m
+	return nil
+}
+
+// healthRecorder is a Health that records the calls, in order.
+type healthRecorder struct {
+	mu    sync.Mutex
+	calls []string
+}
+
+func (r *healthRecorder) record(call string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls = append(r.calls, call)
+}
+
+func (r *healthRecorder) QueuedUpdate() { r.record("QueuedUpdate") }
+func (r *healthRecorder) Updated()      { r.record("Updated") }
+
+func (r *healthRecorder) get() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.calls)
 }
 
 // newHarness makes a Source on a fake clientset holding objs. The runner
@@ -91,12 +140,15 @@ type harness struct {
 func newHarness(t *testing.T, cfg Config, objs ...runtime.Object) *harness {
 	t.Helper()
 	h := &harness{
-		t:      t,
-		client: fake.NewClientset(objs...),
-		clock:  runner.NewFakeClock(t0),
-		models: make(chan *service.Model, 100),
+		t:       t,
+		client:  fake.NewClientset(objs...),
+		clock:   runner.NewFakeClock(t0),
+		models:  make(chan *service.Model, 100),
+		refused: make(chan *service.Model, 100),
 	}
-	m, err := metrics.New(prometheus.NewRegistry())
+	h.rec, _ = cfg.Health.(*healthRecorder)
+	h.reg = prometheus.NewRegistry()
+	m, err := metrics.New(h.reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +163,7 @@ func newHarness(t *testing.T, cfg Config, objs ...runtime.Object) *harness {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	h.src, err = NewForClient(h.client, cfg, func(m *service.Model) { h.models <- m })
+	h.src, err = NewForClient(h.client, cfg, h.publish)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,8 +200,32 @@ func (h *harness) expectNone() {
 	select {
 	case m := <-h.models:
 		h.t.Fatalf("unexpected publish: %s", describe(m))
+	case m := <-h.refused:
+		h.t.Fatalf("unexpected (refused) publish: %s", describe(m))
 	default:
 	}
+}
+
+// nextRefused waits for the next refused publish.
+func (h *harness) nextRefused() *service.Model {
+	h.t.Helper()
+	select {
+	case m := <-h.refused:
+		return m
+	case m := <-h.models:
+		h.t.Fatalf("published %q, want a refused publish", describe(m))
+	case <-time.After(10 * time.Second):
+		h.t.Fatal("no publish tried")
+	}
+	return nil
+}
+
+// waitArmed waits until the runner has armed its timer for deadline: from
+// then on it sleeps until an event or a Step.
+func (h *harness) waitArmed(deadline time.Time) {
+	h.t.Helper()
+	h.waitFor(fmt.Sprintf("the runner's timer armed for t0+%v (armed: %v)", deadline.Sub(t0), h.clock.Deadlines()),
+		func() bool { return slices.ContainsFunc(h.clock.Deadlines(), deadline.Equal) })
 }
 
 // waitFor polls cond: informer events arrive on goroutines of their own.
@@ -437,10 +513,305 @@ func TestAPIServerOutageKeepsLastModel(t *testing.T) {
 }
 
 func TestConfigErrors(t *testing.T) {
-	if _, err := NewForClient(fake.NewClientset(), Config{}, func(*service.Model) {}); !errors.Is(err, ErrNoNodeName) {
+	publish := func(*service.Model) error { return nil }
+	if _, err := NewForClient(fake.NewClientset(), Config{}, publish); !errors.Is(err, ErrNoNodeName) {
 		t.Errorf("no node name: %v", err)
 	}
-	if _, err := New(Config{NodeName: "n", Kubeconfig: t.TempDir() + "/missing"}, func(*service.Model) {}); err == nil {
+	if _, err := New(Config{NodeName: "n", Kubeconfig: t.TempDir() + "/missing"}, publish); err == nil {
 		t.Error("missing kubeconfig accepted")
+	}
+}
+
+// TestFailedPublishIsRetriedWithBackoff: a publish that fails twice is
+// retried after 1 s and then 2 s; a change made meanwhile is not published
+// on its own but joins the retry, so what is finally published is the
+// latest Model; the sync metrics move only on the success, the failures
+// are counted, the pending gauge is 1 in between, and the log says it
+// failed once and recovered once.
+func TestFailedPublishIsRetriedWithBackoff(t *testing.T) {
+	logs := &syncBuffer{}
+	h := newHarness(t, Config{Logger: slog.New(slog.NewTextHandler(logs, nil))},
+		testService("a"), testSlice("a-1", "a", "10.0.0.1"), testNode())
+	h.failNext.Store(2)
+	h.start()
+
+	if got := describe(h.nextRefused()); got != "ns1/a:http=10.0.0.1" {
+		t.Fatalf("first try %q", got)
+	}
+	checkMetrics := func(what string, failures, pending, last float64, syncs int) {
+		t.Helper()
+		m := h.metrics
+		if got := testutil.ToFloat64(m.PublishFailures); got != failures {
+			t.Errorf("%s: publish failures %v, want %v", what, got, failures)
+		}
+		if got := testutil.ToFloat64(m.PublishPending); got != pending {
+			t.Errorf("%s: publish pending %v, want %v", what, got, pending)
+		}
+		if got := testutil.ToFloat64(m.LastSyncTimestamp); got != last {
+			t.Errorf("%s: last sync timestamp %v, want %v", what, got, last)
+		}
+		if got, _ := h.histogram("kubeproxy_sync_proxy_rules_duration_seconds"); got != syncs {
+			t.Errorf("%s: %d syncs observed, want %d", what, got, syncs)
+		}
+	}
+	// Once the retry is armed, the failed sync has returned.
+	h.waitArmed(t0.Add(time.Second))
+	checkMetrics("after the first failure", 1, 1, 0, 0)
+
+	// While backing off, a service is added and a slice changes (its
+	// controller stamps the change at t0+400ms): nothing is tried before
+	// the retry is due.
+	h.clock.Step(500 * time.Millisecond)
+	ctx := context.Background()
+	if _, err := h.client.CoreV1().Services("ns1").Create(ctx, testService("b"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	es := testSlice("a-1", "a", "10.0.0.1", "10.0.0.2")
+	es.Annotations = map[string]string{v1.EndpointsLastChangeTriggerTime: t0.Add(400 * time.Millisecond).Format(time.RFC3339Nano)}
+	if _, err := h.client.DiscoveryV1().EndpointSlices("ns1").Update(ctx, es, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.waitFor("both changes pending", func() bool { return h.src.services.Pending() == 1 && h.src.slices.Pending() == 1 })
+	h.waitArmed(t0.Add(time.Second))
+	h.expectNone()
+
+	// The retry at t0+1s carries both changes, and fails.
+	h.clock.Step(500 * time.Millisecond)
+	if got, want := describe(h.nextRefused()), "ns1/a:http=10.0.0.1,10.0.0.2 ns1/b:http="; got != want {
+		t.Fatalf("retry at 1s %q, want %q", got, want)
+	}
+	// The next one waits 2s: nothing at t0+2s, success at t0+3s.
+	h.waitArmed(t0.Add(3 * time.Second))
+	checkMetrics("after the second failure", 2, 1, 0, 0)
+	h.clock.Step(time.Second)
+	h.waitArmed(t0.Add(3 * time.Second))
+	h.expectNone()
+	h.clock.Step(time.Second)
+	if got, want := describe(h.next()), "ns1/a:http=10.0.0.1,10.0.0.2 ns1/b:http="; got != want {
+		t.Fatalf("published %q, want %q", got, want)
+	}
+	h.waitFor("the sync to be recorded", func() bool { return testutil.ToFloat64(h.metrics.PublishPending) == 0 })
+	checkMetrics("after the success", 2, 0, float64(t0.Add(3*time.Second).Unix()), 1)
+	// The change stamped at t0+400ms reached the dataplane at t0+3s.
+	if _, got := h.histogram("kubeproxy_network_programming_duration_seconds"); got != 2.6 {
+		t.Errorf("network programming duration %v, want 2.6", got)
+	}
+
+	// Back to normal: the next change is published at once.
+	if err := h.client.CoreV1().Services("ns1").Delete(ctx, "b", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := describe(h.next()); got != "ns1/a:http=10.0.0.1,10.0.0.2" {
+		t.Fatalf("after delete %q", got)
+	}
+	out := logs.String()
+	if n := strings.Count(out, "publishing the service model failed"); n != 1 {
+		t.Errorf("failure logged %d times, want once (first failure; the next within 30s is quiet):\n%s", n, out)
+	}
+	if !strings.Contains(out, "publishing recovered after 2 failures") {
+		t.Errorf("no recovery line:\n%s", out)
+	}
+}
+
+// TestHealthCalls: the Health hooks are called in kube-proxy's order:
+// Updated when the loop starts, Updated after each successful publish
+// (never after a failed one), QueuedUpdate for every event that leaves a
+// change pending once the initial lists are in, and not for an event that
+// changes nothing or a Node change that the model does not see.
+func TestHealthCalls(t *testing.T) {
+	rec := &healthRecorder{}
+	h := newHarness(t, Config{Health: rec}, testService("a"), testSlice("a-1", "a", "10.0.0.1"), testNode())
+	h.start()
+	h.next()
+	h.waitFor("Updated after the first publish", func() bool { return len(rec.get()) == 3 })
+	if got, want := rec.get(), []string{"Updated", "publish", "Updated"}; !slices.Equal(got, want) {
+		t.Fatalf("start: %q, want %q", got, want)
+	}
+
+	ctx := context.Background()
+	if _, err := h.client.CoreV1().Services("ns1").Create(ctx, testService("b"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.next()
+	h.waitFor("Updated after the second publish", func() bool { return len(rec.get()) == 6 })
+	// A failed publish is retried; only the success says Updated.
+	h.failNext.Store(1)
+	if _, err := h.client.DiscoveryV1().EndpointSlices("ns1").Update(ctx, testSlice("a-1", "a", "10.0.0.2"), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.nextRefused()
+	h.waitArmed(t0.Add(time.Second))
+	h.clock.Step(time.Second)
+	h.next()
+	h.waitFor("Updated after the retry", func() bool { return len(rec.get()) == 10 })
+
+	// Neither an update that changes nothing the model uses nor a taint
+	// on the Node queues anything.
+	before := testutil.ToFloat64(h.metrics.ServiceChangesTotal)
+	if _, err := h.client.CoreV1().Services("ns1").Update(ctx, testService("b", func(s *v1.Service) {
+		s.Annotations = map[string]string{"owner": "team-x"}
+	}), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.waitFor("the no-op service event", func() bool { return testutil.ToFloat64(h.metrics.ServiceChangesTotal) > before })
+	n := testNode()
+	n.Spec.Taints = []v1.Taint{{Key: ToBeDeletedTaint, Effect: v1.TaintEffectNoSchedule}}
+	if _, err := h.client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.waitFor("the taint", func() bool { return h.src.NodeState().Deleting })
+	h.expectNone()
+
+	want := []string{
+		"Updated", "publish", "Updated", // Run starts; the initial lists are published
+		"QueuedUpdate", "publish", "Updated", // Service b created
+		"QueuedUpdate", "publish failed", "publish", "Updated", // slice updated; the first try fails
+	}
+	if got := rec.get(); !slices.Equal(got, want) {
+		t.Fatalf("calls\n got %q\nwant %q", got, want)
+	}
+}
+
+// TestNodeState follows this node's Node object through the fake API:
+// unknown, created, tainted by the cluster autoscaler, untainted, given a
+// deletion timestamp, deleted. Other nodes do not count, and none of it
+// publishes a model (the Node's zone and addresses do not change).
+func TestNodeState(t *testing.T) {
+	h := newHarness(t, Config{})
+	h.start()
+	h.next()
+	if got := h.src.NodeState(); got != (health.NodeState{}) {
+		t.Fatalf("before the Node exists: %+v", got)
+	}
+	ctx := context.Background()
+	nodes := h.client.CoreV1().Nodes()
+	step := func(what string, change func() error, want health.NodeState) {
+		t.Helper()
+		if err := change(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		h.waitFor(fmt.Sprintf("%s: NodeState %+v (now %+v)", what, want, h.src.NodeState()),
+			func() bool { return h.src.NodeState() == want })
+	}
+	update := func(tweak func(*v1.Node)) func() error {
+		return func() error {
+			n, err := nodes.Get(ctx, "node-1", metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			tweak(n)
+			_, err = nodes.Update(ctx, n, metav1.UpdateOptions{})
+			return err
+		}
+	}
+	other := testNode()
+	other.Name = "node-2"
+	other.Spec.Taints = []v1.Taint{{Key: ToBeDeletedTaint, Effect: v1.TaintEffectNoSchedule}}
+	step("another node, tainted", func() error { _, err := nodes.Create(ctx, other, metav1.CreateOptions{}); return err },
+		health.NodeState{})
+	step("created", func() error { _, err := nodes.Create(ctx, testNode(), metav1.CreateOptions{}); return err },
+		health.NodeState{Known: true})
+	// The Node's addresses and zone reach the model; nothing else below does.
+	if m := h.next(); m.Node.Zone != "zone-a" {
+		t.Fatalf("zone %q", m.Node.Zone)
+	}
+	step("tainted ToBeDeletedByClusterAutoscaler", update(func(n *v1.Node) {
+		n.Spec.Taints = []v1.Taint{{Key: "other", Effect: v1.TaintEffectNoSchedule}, {Key: ToBeDeletedTaint, Value: "1700000000", Effect: v1.TaintEffectNoSchedule}}
+	}), health.NodeState{Known: true, Deleting: true})
+	step("untainted", update(func(n *v1.Node) { n.Spec.Taints = n.Spec.Taints[:1] }), health.NodeState{Known: true})
+	step("deletion timestamp", update(func(n *v1.Node) {
+		now := metav1.NewTime(t0)
+		n.DeletionTimestamp = &now
+	}), health.NodeState{Known: true, Deleting: true})
+	step("deleted", func() error { return nodes.Delete(ctx, "node-1", metav1.DeleteOptions{}) }, health.NodeState{})
+	// Deleting the Node forgets its zone: that is a model change.
+	if m := h.next(); m.Node.Zone != "" {
+		t.Fatalf("zone %q after delete", m.Node.Zone)
+	}
+	h.expectNone()
+}
+
+// histogram returns the sample count and sum of the histogram name.
+func (h *harness) histogram(name string) (int, float64) {
+	h.t.Helper()
+	mfs, err := h.reg.Gather()
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			hist := mf.GetMetric()[0].GetHistogram()
+			return int(hist.GetSampleCount()), hist.GetSampleSum()
+		}
+	}
+	h.t.Fatalf("%s not gathered", name)
+	return 0, 0
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestQueuedUpdateRules calls the handlers directly to pin kube-proxy's
+// rules for QueuedUpdate: nothing before the initial lists are in; a
+// Service event queues while any Service change is pending, even if the
+// event itself changed nothing (ServiceChangeTracker.Update returns
+// len(items) > 0); an EndpointSlice event queues only if it changed its
+// slice (EndpointSliceUpdate's answer); a sync that publishes says Updated.
+func TestQueuedUpdateRules(t *testing.T) {
+	rec := &healthRecorder{}
+	s, err := NewForClient(fake.NewClientset(), Config{NodeName: "node-1", Health: rec,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))},
+		func(*service.Model) error { rec.record("publish"); return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	annotated := func(svc *v1.Service) { svc.Annotations = map[string]string{"owner": "team-x"} }
+	a, a2 := testService("a"), testService("a", annotated)
+	b := testService("b")
+	sl := testSlice("a-1", "a", "10.0.0.1")
+	sl2 := sl.DeepCopy()
+	sl2.Annotations = map[string]string{"owner": "team-x"}
+
+	s.onService(nil, b) // the initial list: not queued
+	s.synced.Store(true)
+	s.sync() // the initial sync
+	steps := []struct {
+		what  string
+		event func()
+		want  []string
+	}{
+		{"service added", func() { s.onService(nil, a) }, []string{"QueuedUpdate"}},
+		{"no-op service update while a is pending", func() { s.onService(a, a2) }, []string{"QueuedUpdate"}},
+		{"slice added", func() { s.onSlice(nil, sl) }, []string{"QueuedUpdate"}},
+		{"no-op slice update while changes are pending", func() { s.onSlice(sl, sl2) }, nil},
+		{"sync", s.sync, []string{"publish", "Updated"}},
+		{"no-op service update, nothing pending", func() { s.onService(a2, testService("a")) }, nil},
+		{"no-op slice update, nothing pending", func() { s.onSlice(sl2, sl) }, nil},
+		{"sync with nothing to do", s.sync, nil},
+		{"service deleted", func() { s.onService(b, nil) }, []string{"QueuedUpdate"}},
+	}
+	if got, want := rec.get(), []string{"publish", "Updated"}; !slices.Equal(got, want) {
+		t.Fatalf("initial: %q, want %q", got, want)
+	}
+	for _, st := range steps {
+		before := len(rec.get())
+		st.event()
+		if got := rec.get()[before:]; !slices.Equal(got, st.want) {
+			t.Errorf("%s: %q, want %q", st.what, got, st.want)
+		}
 	}
 }

@@ -15,7 +15,17 @@ type Metrics struct {
 	EndpointChangesPending     prometheus.Gauge
 	ServiceChangesTotal        prometheus.Counter
 	EndpointChangesTotal       prometheus.Counter
+
+	PublishFailures prometheus.Counter
+	PublishPending  prometheus.Gauge
+	InvalidObjects  *prometheus.CounterVec // label kind: "Service" or "EndpointSlice"
 }
+
+// Kinds of InvalidObjects.
+const (
+	KindService       = "Service"
+	KindEndpointSlice = "EndpointSlice"
+)
 
 // New creates the metrics and registers them on reg.
 func New(reg prometheus.Registerer) (*Metrics, error) {
@@ -23,7 +33,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		SyncDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Subsystem: "kubeproxy",
 			Name:      "sync_proxy_rules_duration_seconds",
-			Help:      "Time to turn pending Service and EndpointSlice changes into a published model.",
+			Help:      "Time to turn pending Service and EndpointSlice changes into a published model (successful syncs only).",
 			Buckets:   prometheus.ExponentialBuckets(0.001, 2, 15),
 		}),
 		NetworkProgrammingDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -35,7 +45,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		LastSyncTimestamp: prometheus.NewGauge(prometheus.GaugeOpts{
 			Subsystem: "kubeproxy",
 			Name:      "sync_proxy_rules_last_timestamp_seconds",
-			Help:      "Unix time at which the last model was published.",
+			Help:      "Unix time at which the last model was published successfully.",
 		}),
 		ServiceChangesPending: prometheus.NewGauge(prometheus.GaugeOpts{
 			Subsystem: "kubeproxy",
@@ -57,10 +67,29 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Name:      "sync_proxy_rules_endpoint_changes_total",
 			Help:      "EndpointSlice add, update and delete events seen.",
 		}),
+		PublishFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Subsystem: "xdproxy",
+			Name:      "publish_failures_total",
+			Help:      "Models the publish callback refused (each try counts; the source retries with backoff).",
+		}),
+		PublishPending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Subsystem: "xdproxy",
+			Name:      "publish_pending",
+			Help:      "1 while a model waits to be published because the last publish failed, else 0.",
+		}),
+		InvalidObjects: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Subsystem: "xdproxy",
+			Name:      "invalid_objects_total",
+			Help:      "Object revisions skipped as a whole because they cannot be used (malformed cluster IP, port out of range, ...).",
+		}, []string{"kind"}),
 	}
+	// Both kinds are exported from the start, at zero.
+	m.InvalidObjects.WithLabelValues(KindService)
+	m.InvalidObjects.WithLabelValues(KindEndpointSlice)
 	for _, c := range []prometheus.Collector{
 		m.SyncDuration, m.NetworkProgrammingDuration, m.LastSyncTimestamp,
 		m.ServiceChangesPending, m.EndpointChangesPending, m.ServiceChangesTotal, m.EndpointChangesTotal,
+		m.PublishFailures, m.PublishPending, m.InvalidObjects,
 	} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
@@ -78,8 +107,11 @@ func programmingBuckets() []float64 {
 	return append(b, prometheus.LinearBuckets(120, 30, 7)...)
 }
 
-// ObserveSync records a sync that started at start and published at end,
-// carrying changes triggered at triggers.
+// ObserveSync records a successful sync: it started at start and its
+// Model was published at end, carrying changes triggered at triggers
+// (including those of earlier tries that failed). Nothing is waiting any
+// more, so it also sets the publish-pending gauge to 0. A sync whose
+// publish failed is not a sync here: call PublishFailed.
 func (m *Metrics) ObserveSync(start, end time.Time, triggers []time.Time) {
 	if m == nil {
 		return
@@ -89,6 +121,26 @@ func (m *Metrics) ObserveSync(start, end time.Time, triggers []time.Time) {
 	for _, t := range triggers {
 		m.NetworkProgrammingDuration.Observe(end.Sub(t).Seconds())
 	}
+	m.PublishPending.Set(0)
+}
+
+// PublishFailed records a publish that failed: the Model is pending until
+// a retry succeeds (ObserveSync).
+func (m *Metrics) PublishFailed() {
+	if m == nil {
+		return
+	}
+	m.PublishFailures.Inc()
+	m.PublishPending.Set(1)
+}
+
+// InvalidObject records one revision of an object of kind (KindService or
+// KindEndpointSlice) skipped as a whole.
+func (m *Metrics) InvalidObject(kind string) {
+	if m == nil {
+		return
+	}
+	m.InvalidObjects.WithLabelValues(kind).Inc()
 }
 
 // ServiceEvent records one Service event that left pending services pending.
