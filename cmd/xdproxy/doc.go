@@ -1,6 +1,5 @@
 // Command xdproxy is the node agent. It only parses flags and the config
-// file and wires the parts together: the dataplane engine (XDP programs,
-// AF_XDP sockets, pinned workers), the configured service source (a static
-// file or the Kubernetes API), the metrics and health endpoints and the
-// admin socket that `xdproxy admin` queries.
+// file; control/agent wires the parts together. `xdproxy admin` talks to
+// a running agent over its admin socket, and `xdproxy cleanup` removes
+// what an agent keeps across restarts.
 package main

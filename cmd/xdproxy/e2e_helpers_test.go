@@ -11,11 +11,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/xdproxy/xdproxy/dataplane"
 	"github.com/xdproxy/xdproxy/internal/testbed"
 )
 
@@ -23,31 +25,29 @@ import (
 // a testbed, with real servers in the backend namespaces and real clients in
 // the client namespace. They need root; `make test` runs them.
 
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-)
+// daemonEnv marks a run of this test binary that is the daemon itself:
+// TestMain then calls main, so the tests need no separately built binary.
+const daemonEnv = "XDPROXY_E2E_DAEMON"
 
-// xdproxyBinary builds this command once per test process.
-func xdproxyBinary(t *testing.T) string {
+// xdproxyCommand is the daemon with args: this test binary run again as
+// xdproxy.
+func xdproxyCommand(args ...string) *exec.Cmd {
+	cmd := exec.Command("/proc/self/exe", args...)
+	cmd.Env = append(os.Environ(), daemonEnv+"=1")
+	return cmd
+}
+
+// privateBPFFS mounts a bpffs instance of the test's own (each mount of
+// bpffs is a separate instance) and returns a directory on it; it is
+// unmounted when the test ends, which lets go of everything pinned there.
+func privateBPFFS(t *testing.T) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "xdproxy-e2e-bin")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "xdproxy")
-		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
+	dir := t.TempDir()
+	if err := unix.Mount("bpf", dir, "bpf", 0, ""); err != nil {
+		t.Fatalf("mounting a bpffs: %v", err)
 	}
-	return binPath
+	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+	return filepath.Join(dir, "xdproxy")
 }
 
 func needRoot(t *testing.T) {
@@ -122,10 +122,11 @@ endpoints:
 	return b.String()
 }
 
-// agent is a running xdproxy process.
-type agent struct {
+// daemon is a running xdproxy process.
+type daemon struct {
 	t        *testing.T
-	tb       *testbed.Testbed
+	tb       *testbed.Testbed // nil for a NodeBed's agent
+	ns       string           // the node's namespace, where it runs
 	dir      string
 	config   string
 	services string
@@ -138,9 +139,13 @@ type agent struct {
 
 type agentOptions struct {
 	clusterCIDR string // default 198.18.0.0/24, the client's subnet
-	queues      int
-	cpus        []int // per queue, for both interfaces
-	extraCfg    string
+	// allQueues leaves queues and cpus out of the config: every queue
+	// served, workers on every CPU.
+	allQueues bool
+	queues    int
+	cpus      []int  // per queue, for both interfaces
+	cgroup    string // the cgroup for local clients; "": none
+	extraCfg  string
 }
 
 func writeFileAtomic(t *testing.T, path, content string) {
@@ -154,19 +159,29 @@ func writeFileAtomic(t *testing.T, path, content string) {
 	}
 }
 
-func newAgent(t *testing.T, tb *testbed.Testbed, services string, o agentOptions) *agent {
+func newAgent(t *testing.T, tb *testbed.Testbed, services string, o agentOptions) *daemon {
 	t.Helper()
 	return newAgentWith(t, tb, services, o, "")
 }
 
 // newAgentWith starts an agent; sourceCfg replaces the file source's
 // services section when it is not empty.
-func newAgentWith(t *testing.T, tb *testbed.Testbed, services string, o agentOptions, sourceCfg string) *agent {
+func newAgentWith(t *testing.T, tb *testbed.Testbed, services string, o agentOptions, sourceCfg string) *daemon {
 	t.Helper()
 	needRoot(t)
 	dir := t.TempDir()
-	a := &agent{t: t, tb: tb, dir: dir, config: filepath.Join(dir, "xdproxy.yaml"),
+	a := &daemon{t: t, tb: tb, ns: tb.NodeNS(), dir: dir, config: filepath.Join(dir, "xdproxy.yaml"),
 		services: filepath.Join(dir, "services.yaml"), admin: filepath.Join(dir, "admin.sock")}
+	// State that outlives the agent, the test's own: a state directory
+	// and a bpffs instance for the pinned programs.
+	stateDir, pins := filepath.Join(dir, "state"), privateBPFFS(t)
+	// Socket translation hooks a cgroup: never the machine's own root in
+	// a test. This topology has no pods; the node-shaped tests give the
+	// NodeBed's cgroup.
+	localClients := "localClients: {enabled: false}"
+	if o.cgroup != "" {
+		localClients = "localClients: {cgroup: " + o.cgroup + "}"
+	}
 	writeFileAtomic(t, a.services, services)
 	if sourceCfg == "" {
 		sourceCfg = "services:\n  file: " + a.services + "\n"
@@ -189,17 +204,25 @@ func newAgentWith(t *testing.T, tb *testbed.Testbed, services string, o agentOpt
 	}
 	queues, cpus = strings.TrimSuffix(queues, ","), strings.TrimSuffix(cpus, ",")
 	// SNAT ports: the default, above the node's ephemeral ports.
+	ifaceLine := func(name string) string {
+		if o.allQueues {
+			return fmt.Sprintf("  - {name: %s, xdpMode: native, numFrames: 4096}\n", name)
+		}
+		return fmt.Sprintf("  - {name: %s, queues: [%s], cpus: [%s], xdpMode: native, numFrames: 4096}\n", name, queues, cpus)
+	}
 	cfg := fmt.Sprintf(`apiVersion: xdproxy.io/v1alpha1
 kind: XDProxyConfiguration
 nodeName: node-1
 interfaces:
-  - {name: %s, queues: [%s], cpus: [%s], xdpMode: native, numFrames: 4096}
-  - {name: %s, queues: [%s], cpus: [%s], xdpMode: native, numFrames: 4096}
-%sclusterCIDR: %s
+%s%s%sclusterCIDR: %s
 metricsAddress: 127.0.0.1:0
 healthzAddress: 127.0.0.1:0
 adminSocket: %s
-%s`, tb.NodeClientSide().Iface, queues, cpus, tb.NodeLANSide().Iface, queues, cpus, sourceCfg, o.clusterCIDR, a.admin, o.extraCfg)
+stateDir: %s
+bpffsDir: %s
+%s
+%s`, ifaceLine(tb.NodeClientSide().Iface), ifaceLine(tb.NodeLANSide().Iface), sourceCfg, o.clusterCIDR, a.admin,
+		stateDir, pins, localClients, o.extraCfg)
 	writeFileAtomic(t, a.config, cfg)
 	a.start()
 	t.Cleanup(func() { a.stop() })
@@ -208,12 +231,13 @@ adminSocket: %s
 
 // start launches the binary in the node namespace and waits until it
 // serves its admin socket with a published table.
-func (a *agent) start() {
+func (a *daemon) start() {
 	a.t.Helper()
 	a.log = &bytes.Buffer{}
-	a.cmd = a.tb.Command(a.tb.NodeNS(), xdproxyBinary(a.t), "run", "--config", a.config)
+	a.cmd = xdproxyCommand("run", "--config", a.config)
 	a.cmd.Stdout, a.cmd.Stderr = a.log, a.log
-	if err := a.cmd.Start(); err != nil {
+	// Not ip netns exec: it would hide the bpffs the agent pins to.
+	if err := testbed.StartIn(a.ns, a.cmd); err != nil {
 		a.t.Fatal(err)
 	}
 	a.exited = make(chan struct{})
@@ -237,7 +261,7 @@ func (a *agent) start() {
 }
 
 // stop sends SIGTERM and waits; it reports a non-zero exit.
-func (a *agent) stop() {
+func (a *daemon) stop() {
 	if a.cmd == nil || a.cmd.Process == nil {
 		return
 	}
@@ -264,13 +288,13 @@ func (a *agent) stop() {
 	}
 }
 
-func (a *agent) kill9() {
+func (a *daemon) kill9() {
 	_ = a.cmd.Process.Signal(syscall.SIGKILL)
 	<-a.exited
 }
 
 // query asks the admin socket and decodes its JSON answer.
-func (a *agent) query(what string, v any) error {
+func (a *daemon) query(what string, v any) error {
 	c := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return (&net.Dialer{}).DialContext(ctx, "unix", a.admin)
@@ -284,7 +308,7 @@ func (a *agent) query(what string, v any) error {
 }
 
 // dump prints the agent's counters and log, for failure messages.
-func (a *agent) dump() string {
+func (a *daemon) dump() string {
 	var st map[string]any
 	_ = a.query("stats", &st)
 	b, _ := json.MarshalIndent(st, "", " ")
@@ -292,7 +316,7 @@ func (a *agent) dump() string {
 }
 
 // waitBackends waits until the service named name lists n backends.
-func (a *agent) waitBackends(name string, n int) {
+func (a *daemon) waitBackends(name string, n int) {
 	a.t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
@@ -308,3 +332,25 @@ func (a *agent) waitBackends(name string, n int) {
 	}
 	a.t.Fatalf("service %s never had %d backends\n%s", name, n, a.dump())
 }
+
+// The admin socket's answers, as the tests read them.
+type (
+	serviceReply struct {
+		Name      string   `json:"name"`
+		Proto     string   `json:"proto"`
+		Frontends []string `json:"frontends"`
+		Backends  []string `json:"backends"`
+	}
+	workerReply struct {
+		Interface string             `json:"interface"`
+		Queue     int                `json:"queue"`
+		CPU       int                `json:"cpu"`
+		TID       int                `json:"tid"`
+		Counters  dataplane.Snapshot `json:"counters"`
+	}
+	flowReply struct {
+		Original   string `json:"original"`
+		Translated string `json:"translated"`
+		State      string `json:"state"`
+	}
+)

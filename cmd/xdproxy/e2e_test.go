@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -231,7 +233,7 @@ func TestRemoveBackend(t *testing.T) {
 
 // backendOf finds the backend a client connection was sent to, from the
 // agent's connection table.
-func backendOf(t *testing.T, a *agent, local string) string {
+func backendOf(t *testing.T, a *daemon, local string) string {
 	t.Helper()
 	ap := netip.MustParseAddrPort(local)
 	want := fmt.Sprintf(":%d->", ap.Port())
@@ -289,15 +291,19 @@ func TestWorkersRunOnTheirCPUs(t *testing.T) {
 			t.Fatalf("request %d: %v\n%s", i, err, a.dump())
 		}
 	}
-	var workers []workerReply
-	if err := a.query("workers", &workers); err != nil {
+	var all, workers []workerReply
+	if err := a.query("workers", &all); err != nil {
 		t.Fatal(err)
 	}
+	for _, w := range all {
+		if w.Interface != "xdpx0-dp" { // the exception link's worker
+			workers = append(workers, w)
+		}
+	}
 	if len(workers) != 4 {
-		t.Fatalf("%d workers, want 4 (2 interfaces x 2 queues)", len(workers))
+		t.Fatalf("%d workers, want 4 (2 interfaces x 2 queues): %+v", len(workers), all)
 	}
 	pid := a.cmd.Process.Pid
-	// `ip netns exec` execs the binary, so the pid is xdproxy's.
 	busy := 0
 	for _, w := range workers {
 		want := []int{1, 0}[w.Queue]
@@ -329,8 +335,9 @@ func TestWorkersRunOnTheirCPUs(t *testing.T) {
 	}
 }
 
-// TestKillAndRestart: after kill -9 the program goes with the process, and
-// a new xdproxy attaches cleanly and forwards.
+// TestKillAndRestart: after kill -9 the program stays attached (pinned),
+// claiming the service's frames for the next process rather than letting
+// the kernel reset them; a new xdproxy adopts it and forwards.
 func TestKillAndRestart(t *testing.T) {
 	tb := newTopology(t, testbed.Options{})
 	a := newAgent(t, tb, serviceFile(webSvc), agentOptions{})
@@ -339,10 +346,13 @@ func TestKillAndRestart(t *testing.T) {
 	}
 	a.kill9()
 	out, _ := tb.Exec(tb.NodeNS(), "ip", "-d", "link", "show", tb.NodeClientSide().Iface)
-	if strings.Contains(string(out), "prog/xdp") {
-		t.Errorf("XDP program still attached after kill -9:\n%s", out)
+	if !strings.Contains(string(out), "prog/xdp") {
+		t.Errorf("XDP program gone after kill -9; it is pinned and should stay for the next process:\n%s", out)
 	}
 	a.start()
+	if !strings.Contains(a.log.String(), "adopted=true") {
+		t.Errorf("the new process did not adopt the pinned program:\n%s", a.log)
+	}
 	for i := 0; i < 10; i++ {
 		if _, err := get(tb, "http://198.19.0.10/"); err != nil {
 			t.Fatalf("after restart, request %d: %v\n%s", i, err, a.dump())
@@ -350,16 +360,43 @@ func TestKillAndRestart(t *testing.T) {
 	}
 }
 
-// TestSIGTERMDetaches: a clean stop exits 0 and leaves no program behind.
-func TestSIGTERMDetaches(t *testing.T) {
+// TestStopKeepsStateCleanupRemovesIt: SIGTERM exits 0 and keeps what the
+// next process adopts (programs attached, state files, the exception
+// link); xdproxy cleanup removes all of it.
+func TestStopKeepsStateCleanupRemovesIt(t *testing.T) {
 	tb := newTopology(t, testbed.Options{})
 	a := newAgent(t, tb, serviceFile(webSvc), agentOptions{})
 	a.stop()
-	for _, ifc := range []string{tb.NodeClientSide().Iface, tb.NodeLANSide().Iface} {
-		out, _ := tb.Exec(tb.NodeNS(), "ip", "-d", "link", "show", ifc)
-		if strings.Contains(string(out), "prog/xdp") {
-			t.Errorf("XDP program left on %s after SIGTERM:\n%s", ifc, out)
+	attached := func() []string {
+		var on []string
+		for _, ifc := range []string{tb.NodeClientSide().Iface, tb.NodeLANSide().Iface} {
+			out, _ := tb.Exec(tb.NodeNS(), "ip", "-d", "link", "show", ifc)
+			if strings.Contains(string(out), "prog/xdp") {
+				on = append(on, ifc)
+			}
 		}
+		return on
+	}
+	if on := attached(); len(on) != 2 {
+		t.Errorf("programs on %v after SIGTERM, want both interfaces (kept for the next start)", on)
+	}
+	if _, err := os.Stat(filepath.Join(a.dir, "state", "conntrack.state")); err != nil {
+		t.Errorf("conntrack state after SIGTERM: %v", err)
+	}
+	cmd := xdproxyCommand("cleanup", "--config", a.config)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := testbed.RunIn(tb.NodeNS(), cmd); err != nil {
+		t.Fatalf("xdproxy cleanup: %v\n%s", err, out.String())
+	}
+	if on := attached(); len(on) != 0 {
+		t.Errorf("programs left on %v after xdproxy cleanup", on)
+	}
+	if o, err := tb.Exec(tb.NodeNS(), "ip", "link", "show", "xdpx0"); err == nil {
+		t.Errorf("exception link left after cleanup:\n%s", o)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(a.dir, "state")); len(entries) != 0 {
+		t.Errorf("state files left after cleanup: %v", entries)
 	}
 }
 
@@ -371,7 +408,7 @@ func TestBadConfigNamesTheField(t *testing.T) {
 	_ = os.WriteFile(cfg, []byte("apiVersion: xdproxy.io/v1alpha1\nkind: XDProxyConfiguration\nnodeName: n\n"+
 		"interfaces:\n  - {name: eth0, queues: [0, 0]}\nservices: {file: /x}\n"), 0o644)
 	for _, cmd := range []string{"run", "check"} {
-		out, err := exec.Command(xdproxyBinary(t), cmd, "--config", cfg).CombinedOutput()
+		out, err := xdproxyCommand(cmd, "--config", cfg).CombinedOutput()
 		if err == nil || !strings.Contains(string(out), "interfaces[0].queues[1]: queue 0 listed twice") {
 			t.Errorf("%s: want a non-zero exit naming interfaces[0].queues[1], got %v: %s", cmd, err, out)
 		}
@@ -382,8 +419,8 @@ var _ = sync.Mutex{}
 
 // TestNodePortMasquerades: a client outside the cluster reaches a NodePort
 // on the node's address; the flow is masqueraded to the node's address on
-// the backend side and a SNAT port, and the reply comes back through
-// xdproxy's SNAT-port rule.
+// the backend side and a SNAT port, and the reply comes back by its exact
+// tuple.
 func TestNodePortMasquerades(t *testing.T) {
 	tb := newTopology(t, testbed.Options{})
 	np := webSvc
@@ -422,10 +459,10 @@ func TestNodePortMasquerades(t *testing.T) {
 		t.Fatalf("no NodePort flow tracked: %v", flows)
 	}
 	var st struct {
-		XDP struct{ MatchSNAT uint64 } `json:"xdp"`
+		XDP struct{ MatchFlow uint64 } `json:"xdp"`
 	}
-	if err := a.query("stats", &st); err != nil || st.XDP.MatchSNAT == 0 {
-		t.Errorf("no reply came back through the SNAT-port rule (%+v, %v)", st, err)
+	if err := a.query("stats", &st); err != nil || st.XDP.MatchFlow == 0 {
+		t.Errorf("no reply came back by its exact tuple (%+v, %v)", st, err)
 	}
 }
 

@@ -16,7 +16,7 @@ import (
 
 // kubeAgent starts a real API server and etcd, and xdproxy with the
 // kubernetes source in the testbed's node namespace.
-func kubeAgent(t *testing.T, tb *testbed.Testbed) (*kubetest.Cluster, *agent) {
+func kubeAgent(t *testing.T, tb *testbed.Testbed) (*kubetest.Cluster, *daemon) {
 	t.Helper()
 	cluster := kubetest.Start(t, kubetest.Options{})
 	cfg, err := clientcmd.LoadFromFile(cluster.Kubeconfig())
@@ -61,7 +61,7 @@ func apply(t *testing.T, c *kubetest.Cluster, manifests string) {
 
 // backendsReached sends n requests to the VIP and returns the set of
 // backends that answered.
-func backendsReached(t *testing.T, tb *testbed.Testbed, a *agent, n int) map[string]bool {
+func backendsReached(t *testing.T, tb *testbed.Testbed, a *daemon, n int) map[string]bool {
 	t.Helper()
 	seen := map[string]bool{}
 	for i := 0; i < n; i++ {

@@ -57,12 +57,29 @@ type Config struct {
 	// BPFFSDir is where XDP links and maps are pinned (on a bpf file
 	// system).
 	BPFFSDir string
+	// LocalClients is the translation at the socket of the service
+	// connections of pods and host processes, which never cross a NIC.
+	LocalClients LocalClients
 	// BusyPoll makes workers spin on empty rings instead of sleeping in
 	// poll(): lower latency, one full core per worker.
 	BusyPoll bool
 	// BatchSize is the number of frames a worker handles per batch.
 	BatchSize int
 	XDPTables XDPTables
+	// Benchmark holds settings for benchmarking only.
+	Benchmark Benchmark
+}
+
+// Benchmark holds settings for benchmarking only: with them xdproxy is no
+// longer a service proxy.
+type Benchmark struct {
+	// IOFloor forwards every frame untranslated: the same sockets and
+	// worker loop, with only the MAC addresses rewritten for the next hop
+	// towards IOFloorPeer. It measures the I/O cost under xdproxy's own.
+	IOFloor bool
+	// IOFloorPeer is the address whose next hop IOFloor forwards to; set
+	// exactly when IOFloor is.
+	IOFloorPeer netip.Addr
 }
 
 // Interface is one NIC (or veth) that xdproxy attaches to.
@@ -94,6 +111,16 @@ func (in *Interface) WorkerCPU(n int, usable []int) int {
 		return -1
 	}
 	return cpus[n%len(cpus)]
+}
+
+// LocalClients configures the translation at the socket (cgroup BPF
+// programs) of the service connections of clients on the node.
+type LocalClients struct {
+	Enabled bool
+	// Cgroup is the cgroup v2 whose processes (and their descendants')
+	// connections are translated; empty means the root of the cgroup2
+	// mount, which holds every pod and host process.
+	Cgroup string
 }
 
 // Services says where services come from: exactly one of File and
@@ -402,6 +429,12 @@ func (f *fileV1alpha1) convert(h Host, errs *Errors) *Config {
 	}
 	c.StateDir = absDir("stateDir", f.StateDir, DefaultStateDir, errs)
 	c.BPFFSDir = absDir("bpffsDir", f.BPFFSDir, DefaultBPFFSDir, errs)
+	c.LocalClients.Enabled = f.LocalClients.Enabled == nil || *f.LocalClients.Enabled
+	if c.LocalClients.Enabled {
+		c.LocalClients.Cgroup = absDir("localClients.cgroup", f.LocalClients.Cgroup, "", errs)
+	} else if f.LocalClients.Cgroup != "" {
+		errs.add("localClients.cgroup", "set while localClients.enabled is false")
+	}
 
 	c.BatchSize = orDefault(f.BatchSize, DefaultBatchSize)
 	if c.BatchSize < 1 || c.BatchSize > maxBatchSize {
@@ -411,7 +444,26 @@ func (f *fileV1alpha1) convert(h Host, errs *Errors) *Config {
 		MaxFrontends: tableSize("xdpTables.maxFrontends", f.XDPTables.MaxFrontends, xdp.DefaultMaxFrontends, errs),
 		MaxAddresses: tableSize("xdpTables.maxAddresses", f.XDPTables.MaxAddresses, xdp.DefaultMaxAddrs, errs),
 	}
+	c.Benchmark = f.Benchmark.convert(errs)
 	return c
+}
+
+func (f *fileBenchmark) convert(errs *Errors) Benchmark {
+	b := Benchmark{IOFloor: f.IOFloor}
+	if f.IOFloorPeer != "" {
+		if a, err := netip.ParseAddr(f.IOFloorPeer); err != nil || a.Zone() != "" {
+			errs.add("benchmark.ioFloorPeer", "%q is not an IP address", f.IOFloorPeer)
+		} else {
+			b.IOFloorPeer = a.Unmap()
+		}
+	}
+	switch {
+	case b.IOFloor && f.IOFloorPeer == "":
+		errs.add("benchmark.ioFloorPeer", "required with ioFloor: the address whose next hop every frame goes to")
+	case !b.IOFloor && f.IOFloorPeer != "":
+		errs.add("benchmark.ioFloorPeer", "set while benchmark.ioFloor is false")
+	}
+	return b
 }
 
 var (

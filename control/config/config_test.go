@@ -61,6 +61,7 @@ func TestParseDefaults(t *testing.T) {
 		AdminSocket:        "/run/xdproxy/admin.sock",
 		StateDir:           "/run/xdproxy",
 		BPFFSDir:           "/sys/fs/bpf/xdproxy",
+		LocalClients:       LocalClients{Enabled: true},
 		BatchSize:          64,
 		XDPTables:          XDPTables{MaxFrontends: 65536, MaxAddresses: 65536},
 	}
@@ -170,6 +171,11 @@ func TestParseFields(t *testing.T) {
 			check: func(c *Config) any { return [2]any{c.BusyPoll, c.BatchSize} }, want: [2]any{true, 256}},
 		{name: "xdpTables", extra: "xdpTables: {maxFrontends: 1000, maxAddresses: 2000}",
 			check: func(c *Config) any { return c.XDPTables }, want: XDPTables{MaxFrontends: 1000, MaxAddresses: 2000}},
+		{name: "benchmark I/O floor", extra: "benchmark: {ioFloor: true, ioFloorPeer: 198.18.1.11}",
+			check: func(c *Config) any { return c.Benchmark },
+			want:  Benchmark{IOFloor: true, IOFloorPeer: netip.MustParseAddr("198.18.1.11")}},
+		{name: "benchmark I/O floor, v4-mapped peer", extra: "benchmark: {ioFloor: true, ioFloorPeer: \"::ffff:198.18.1.11\"}",
+			check: func(c *Config) any { return c.Benchmark.IOFloorPeer }, want: netip.MustParseAddr("198.18.1.11")},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -301,10 +307,20 @@ func TestParseErrorsNameTheField(t *testing.T) {
 			want: []string{fmt.Sprintf("adminSocket: %q is 110 bytes long; a unix socket path holds at most 107", long)}},
 		{name: "stateDir relative", extra: "stateDir: run/xdproxy", want: []string{`stateDir: "run/xdproxy" is not an absolute path`}},
 		{name: "bpffsDir relative", extra: "bpffsDir: bpf", want: []string{`bpffsDir: "bpf" is not an absolute path`}},
+		{name: "localClients cgroup relative", extra: "localClients: {cgroup: unified}", want: []string{`localClients.cgroup: "unified" is not an absolute path`}},
+		{name: "localClients cgroup while off", extra: "localClients: {enabled: false, cgroup: /sys/fs/cgroup}", want: []string{`localClients.cgroup: set while localClients.enabled is false`}},
 		{name: "batchSize", extra: "batchSize: 0", want: []string{"batchSize: 0 out of range 1-1024"}},
 		{name: "batchSize large", extra: "batchSize: 2000", want: []string{"batchSize: 2000 out of range 1-1024"}},
 		{name: "xdpTables", extra: "xdpTables: {maxFrontends: 0, maxAddresses: 16777217}",
 			want: []string{"xdpTables.maxFrontends: 0 out of range 1-16777216", "xdpTables.maxAddresses: 16777217 out of range 1-16777216"}},
+		{name: "benchmark I/O floor without a peer", extra: "benchmark: {ioFloor: true}",
+			want: []string{"benchmark.ioFloorPeer: required with ioFloor: the address whose next hop every frame goes to"}},
+		{name: "benchmark I/O floor peer not an address", extra: "benchmark: {ioFloor: true, ioFloorPeer: sink}",
+			want: []string{`benchmark.ioFloorPeer: "sink" is not an IP address`}},
+		{name: "benchmark peer without the I/O floor", extra: "benchmark: {ioFloorPeer: 198.18.1.11}",
+			want: []string{"benchmark.ioFloorPeer: set while benchmark.ioFloor is false"}},
+		{name: "benchmark unknown field", extra: "benchmark: {ioFloorPeers: 198.18.1.11}",
+			want: []string{"benchmark.ioFloorPeers: unknown field"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -29,26 +29,41 @@ const (
 // this package sees them: Parse turns them into a Config.
 
 type fileV1alpha1 struct {
-	APIVersion         string          `json:"apiVersion"`
-	Kind               string          `json:"kind"`
-	NodeName           string          `json:"nodeName"`
-	NodeZone           string          `json:"nodeZone,omitempty"`
-	Interfaces         []fileInterface `json:"interfaces"`
-	ExceptionInterface string          `json:"exceptionInterface,omitempty"`
-	Services           fileServices    `json:"services"`
-	ClusterCIDR        string          `json:"clusterCIDR,omitempty"`
-	NodePortAddresses  []string        `json:"nodePortAddresses,omitempty"`
-	Masquerade         fileMasquerade  `json:"masquerade"`
-	Conntrack          fileConntrack   `json:"conntrack"`
-	Scheduler          string          `json:"scheduler,omitempty"`
-	MetricsAddress     string          `json:"metricsAddress,omitempty"`
-	HealthzAddress     string          `json:"healthzAddress,omitempty"`
-	AdminSocket        string          `json:"adminSocket,omitempty"`
-	StateDir           string          `json:"stateDir,omitempty"`
-	BPFFSDir           string          `json:"bpffsDir,omitempty"`
-	BusyPoll           bool            `json:"busyPoll,omitempty"`
-	BatchSize          *int            `json:"batchSize,omitempty"`
-	XDPTables          fileXDPTables   `json:"xdpTables"`
+	APIVersion         string           `json:"apiVersion"`
+	Kind               string           `json:"kind"`
+	NodeName           string           `json:"nodeName"`
+	NodeZone           string           `json:"nodeZone,omitempty"`
+	Interfaces         []fileInterface  `json:"interfaces"`
+	ExceptionInterface string           `json:"exceptionInterface,omitempty"`
+	Services           fileServices     `json:"services"`
+	ClusterCIDR        string           `json:"clusterCIDR,omitempty"`
+	NodePortAddresses  []string         `json:"nodePortAddresses,omitempty"`
+	Masquerade         fileMasquerade   `json:"masquerade"`
+	Conntrack          fileConntrack    `json:"conntrack"`
+	Scheduler          string           `json:"scheduler,omitempty"`
+	MetricsAddress     string           `json:"metricsAddress,omitempty"`
+	HealthzAddress     string           `json:"healthzAddress,omitempty"`
+	AdminSocket        string           `json:"adminSocket,omitempty"`
+	StateDir           string           `json:"stateDir,omitempty"`
+	BPFFSDir           string           `json:"bpffsDir,omitempty"`
+	LocalClients       fileLocalClients `json:"localClients"`
+	BusyPoll           bool             `json:"busyPoll,omitempty"`
+	BatchSize          *int             `json:"batchSize,omitempty"`
+	XDPTables          fileXDPTables    `json:"xdpTables"`
+	Benchmark          fileBenchmark    `json:"benchmark"`
+}
+
+// fileBenchmark is for benchmarking only: ioFloor forwards every frame
+// untranslated.
+type fileBenchmark struct {
+	IOFloor     bool   `json:"ioFloor,omitempty"`
+	IOFloorPeer string `json:"ioFloorPeer,omitempty"`
+}
+
+type fileLocalClients struct {
+	// Enabled: nil means on.
+	Enabled *bool  `json:"enabled,omitempty"`
+	Cgroup  string `json:"cgroup,omitempty"`
 }
 
 type fileInterface struct {

@@ -136,6 +136,12 @@ func (s *Server) handler() http.Handler {
 		w.Header().Set("X-Backend", s.cfg.Name)
 		_, _ = io.WriteString(w, s.cfg.Name)
 	})
+	// /whoami answers "name client-address:port": the address the
+	// backend sees, which says whether the connection was masqueraded.
+	mux.HandleFunc("GET /whoami", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Backend", s.cfg.Name)
+		_, _ = io.WriteString(w, s.cfg.Name+" "+r.RemoteAddr)
+	})
 	mux.HandleFunc("GET /bytes", func(w http.ResponseWriter, r *http.Request) {
 		n, err := strconv.ParseInt(r.URL.Query().Get("n"), 10, 64)
 		if err != nil || n < 0 {

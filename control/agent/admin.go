@@ -1,32 +1,33 @@
-package main
+package agent
 
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
+	"strings"
 	"time"
 
-	"github.com/xdproxy/xdproxy/control/config"
+	"github.com/xdproxy/xdproxy/control/health"
 	"github.com/xdproxy/xdproxy/dataplane"
 	"github.com/xdproxy/xdproxy/nat/conntrack"
 )
 
 // adminServer answers `xdproxy admin` over a unix socket with JSON.
 type adminServer struct {
-	engine *dataplane.Engine
-	srv    *http.Server
-	ln     net.Listener
+	a   *agent
+	srv *http.Server
+	ln  net.Listener
 }
 
-func startAdmin(path string, e *dataplane.Engine) (*adminServer, error) {
+func startAdmin(path string, ag *agent) (*adminServer, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, err
 	}
@@ -36,18 +37,30 @@ func startAdmin(path string, e *dataplane.Engine) (*adminServer, error) {
 		return nil, fmt.Errorf("admin socket %s: %w", path, err)
 	}
 	_ = os.Chmod(path, 0o600)
-	a := &adminServer{engine: e, ln: ln}
+	a := &adminServer{a: ag, ln: ln}
 	mux := http.NewServeMux()
-	mux.HandleFunc("/stats", a.stats)
-	mux.HandleFunc("/workers", a.workers)
-	mux.HandleFunc("/services", a.services)
-	mux.HandleFunc("/conntrack", a.conntrack)
+	mux.HandleFunc("GET /stats", a.stats)
+	mux.HandleFunc("GET /workers", a.workers)
+	mux.HandleFunc("GET /services", a.services)
+	mux.HandleFunc("GET /conntrack", a.conntrack)
+	mux.HandleFunc("GET /interfaces", a.interfaces)
+	mux.HandleFunc("GET /health", a.health)
+	mux.HandleFunc("GET /version", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, ag.version) })
+	mux.HandleFunc("POST /channels", a.channels)
+	// Go's profiler, for `go tool pprof` and the benchmark, only on the
+	// admin socket (root's).
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	a.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = a.srv.Serve(ln) }()
 	return a, nil
 }
 
-func (a *adminServer) close() { _ = a.srv.Close() }
+func (a *adminServer) close() {
+	_ = a.srv.Close()
+	_ = os.Remove(a.ln.Addr().String())
+}
 
 func writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
@@ -69,14 +82,14 @@ type statsReply struct {
 
 func (a *adminServer) stats(w http.ResponseWriter, _ *http.Request) {
 	var r statsReply
-	for _, wk := range a.engine.Workers() {
+	for _, wk := range a.a.engine.Workers() {
 		r.Workers.Add(wk.Counters.Snapshot())
 	}
-	if c, err := a.engine.XDPCounters(); err == nil {
+	if c, err := a.a.engine.XDPCounters(); err == nil {
 		r.XDP = c
 	}
-	r.Conntrack = a.engine.Conntrack().Stats()
-	t := a.engine.Services().Load()
+	r.Conntrack = a.a.engine.Conntrack().Stats()
+	t := a.a.engine.Services().Load()
 	r.Table.Generation, r.Table.Version, r.Table.Frontends = t.Generation(), t.Version(), t.Frontends()
 	writeJSON(w, r)
 }
@@ -91,7 +104,7 @@ type workerReply struct {
 
 func (a *adminServer) workers(w http.ResponseWriter, _ *http.Request) {
 	var out []workerReply
-	for _, wk := range a.engine.Workers() {
+	for _, wk := range a.a.engine.Workers() {
 		out = append(out, workerReply{Interface: wk.Port().Name, Queue: wk.Port().Queue, CPU: wk.CPU(), TID: wk.TID(), Counters: wk.Counters.Snapshot()})
 	}
 	writeJSON(w, out)
@@ -105,7 +118,7 @@ type serviceReply struct {
 }
 
 func (a *adminServer) services(w http.ResponseWriter, _ *http.Request) {
-	t := a.engine.Services().Load()
+	t := a.a.engine.Services().Load()
 	var out []serviceReply
 	for _, p := range t.Ports() {
 		r := serviceReply{Name: p.Name.String(), Proto: p.Proto.String(), Backends: []string{}}
@@ -138,7 +151,7 @@ type flowReply struct {
 func (a *adminServer) conntrack(w http.ResponseWriter, _ *http.Request) {
 	out := []flowReply{}
 	now := dataplane.MonotonicNow()
-	for f := range a.engine.Conntrack().All(now) {
+	for f := range a.a.engine.Conntrack().All(now) {
 		out = append(out, flowReply{Original: f.Orig.String(), Translated: f.Translated.String(), State: f.State.String()})
 		if len(out) >= 10000 {
 			break
@@ -147,28 +160,60 @@ func (a *adminServer) conntrack(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, out)
 }
 
-func adminCmd(args []string) error {
-	fs := flag.NewFlagSet("admin", flag.ExitOnError)
-	sock := fs.String("socket", config.DefaultAdminSocket, "admin socket of the running agent")
-	_ = fs.Parse(args)
-	if fs.NArg() != 1 {
-		return errors.New("admin: name one of stats, services, conntrack, workers")
+func (a *adminServer) interfaces(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, a.a.engine.Interfaces())
+}
+
+type healthReply struct {
+	Healthz health.Status `json:"healthz"`
+	Livez   health.Status `json:"livez"`
+}
+
+func (a *adminServer) health(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, healthReply{Healthz: a.a.proxy.Healthz(), Livez: a.a.proxy.Livez()})
+}
+
+// channels sets the number of queues of a served interface:
+// POST /channels?interface=eth0&queues=2. Linux refuses ethtool -L while
+// AF_XDP sockets hold the queues that would go; this lets go of them
+// first.
+func (a *adminServer) channels(w http.ResponseWriter, r *http.Request) {
+	name := r.URL.Query().Get("interface")
+	n, err := strconv.Atoi(r.URL.Query().Get("queues"))
+	if err != nil || name == "" {
+		http.Error(w, "want ?interface=NAME&queues=N", http.StatusBadRequest)
+		return
 	}
-	what := fs.Arg(0)
-	switch what {
-	case "stats", "services", "conntrack", "workers":
-	default:
-		return fmt.Errorf("admin: unknown command %q", what)
+	if err := a.a.engine.SetChannels(name, n); err != nil {
+		http.Error(w, err.Error(), http.StatusConflict)
+		return
 	}
-	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+	writeJSON(w, a.a.engine.Interfaces())
+}
+
+// AdminRequest sends one request to the admin socket of a running agent
+// and returns the body; a status other than 200 is an error carrying the
+// body.
+func AdminRequest(socket, method, path string) ([]byte, error) {
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", *sock)
+			return (&net.Dialer{}).DialContext(ctx, "unix", socket)
 		}}}
-	resp, err := client.Get("http://xdproxy/" + what)
+	req, err := http.NewRequest(method, "http://xdproxy"+path, nil)
 	if err != nil {
-		return fmt.Errorf("admin: is xdproxy running? %w", err)
+		return nil, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("is xdproxy running? %w", err)
 	}
 	defer resp.Body.Close()
-	_, err = io.Copy(os.Stdout, resp.Body)
-	return err
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return b, fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, strings.TrimSpace(string(b)))
+	}
+	return b, nil
 }

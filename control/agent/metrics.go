@@ -1,0 +1,128 @@
+package agent
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/xdproxy/xdproxy/control/health"
+	"github.com/xdproxy/xdproxy/dataplane"
+	"github.com/xdproxy/xdproxy/nat/conntrack"
+)
+
+// dataplaneCollector reads the workers', XDP programs' and conntrack's
+// counters at scrape time, so the packet path never touches Prometheus.
+type dataplaneCollector struct {
+	engine *dataplane.Engine
+	proxy  *health.Proxy
+
+	rx, fwd, replied, tx, copied, newFlows, wakeups, toKernel, reasons, publishErrs *prometheus.Desc
+	xdpFrames, xdpMatches                                                           *prometheus.Desc
+	ctEntries, ctState, ctCapacity, ctFill, ctEvents                                *prometheus.Desc
+	ifaceQueues, ifaceServed, healthy                                               *prometheus.Desc
+}
+
+func newDataplaneCollector(e *dataplane.Engine, p *health.Proxy) *dataplaneCollector {
+	wl := []string{"interface", "queue"}
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc("xdproxy_"+name, help, labels, nil)
+	}
+	return &dataplaneCollector{
+		engine: e, proxy: p,
+		rx:          d("worker_rx_frames_total", "Frames received by the worker.", wl...),
+		fwd:         d("worker_forwarded_frames_total", "Frames translated and forwarded.", wl...),
+		replied:     d("worker_replied_frames_total", "Replies generated (TCP resets, ICMP unreachables).", wl...),
+		tx:          d("worker_tx_frames_total", "Frames put on TX rings.", wl...),
+		copied:      d("worker_copied_frames_total", "Frames copied into another interface's UMEM.", wl...),
+		newFlows:    d("worker_new_flows_total", "Connections created.", wl...),
+		wakeups:     d("worker_poll_wakeups_total", "Times the worker woke from poll().", wl...),
+		toKernel:    d("worker_to_kernel_frames_total", "Frames handed to the kernel's stack through the exception link.", wl...),
+		reasons:     d("worker_not_forwarded_frames_total", "Frames not forwarded as they came, by reason (pass_* went to the kernel).", "interface", "queue", "reason"),
+		publishErrs: d("worker_flow_publish_errors_total", "Batches whose reply tuples the XDP flow table refused.", wl...),
+		xdpFrames:   d("xdp_frames_total", "Frames seen by the XDP programs, by verdict.", "verdict"),
+		xdpMatches:  d("xdp_matches_total", "Frames the XDP programs claimed, by the rule that claimed them.", "rule"),
+		ctEntries:   d("conntrack_entries", "Tracked connections, by assurance.", "assured"),
+		ctState:     d("conntrack_state_entries", "Tracked connections by state.", "state"),
+		ctCapacity:  d("conntrack_capacity", "Connections the table holds."),
+		ctFill:      d("conntrack_fill_ratio", "Tracked connections over capacity: table pressure."),
+		ctEvents:    d("conntrack_events_total", "Connection-table events.", "event"),
+		ifaceQueues: d("interface_queues", "Receive queues each configured interface has.", "interface"),
+		ifaceServed: d("interface_served_queues", "Receive queues with a socket and a worker.", "interface"),
+		healthy:     d("healthy", "1 when the check passes: healthz, livez.", "check"),
+	}
+}
+
+func (c *dataplaneCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.rx, c.fwd, c.replied, c.tx, c.copied, c.newFlows, c.wakeups, c.toKernel,
+		c.reasons, c.publishErrs, c.xdpFrames, c.xdpMatches, c.ctEntries, c.ctState, c.ctCapacity, c.ctFill, c.ctEvents,
+		c.ifaceQueues, c.ifaceServed, c.healthy} {
+		ch <- d
+	}
+}
+
+func (c *dataplaneCollector) Collect(ch chan<- prometheus.Metric) {
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	for _, w := range c.engine.Workers() {
+		s := w.Counters.Snapshot()
+		l := []string{w.Port().Name, strconv.Itoa(w.Port().Queue)}
+		counter(c.rx, s.RxFrames, l...)
+		counter(c.fwd, s.Forwarded, l...)
+		counter(c.replied, s.Replied, l...)
+		counter(c.tx, s.TxFrames, l...)
+		counter(c.copied, s.Copied, l...)
+		counter(c.newFlows, s.NewFlows, l...)
+		counter(c.wakeups, s.Wakeups, l...)
+		counter(c.toKernel, s.ToKernel, l...)
+		counter(c.publishErrs, s.FlowPublishErrors, l...)
+		for reason, v := range s.ByReason {
+			counter(c.reasons, v, l[0], l[1], reason)
+		}
+	}
+	if x, err := c.engine.XDPCounters(); err == nil {
+		counter(c.xdpFrames, x.Redirected, "redirected")
+		counter(c.xdpFrames, x.Passed, "passed")
+		counter(c.xdpFrames, x.NoSocket, "no_socket")
+		counter(c.xdpFrames, x.ParseFailed, "parse_failed")
+		counter(c.xdpMatches, x.MatchFrontend, "frontend")
+		counter(c.xdpMatches, x.MatchFlow, "flow")
+		counter(c.xdpMatches, x.MatchFragment, "fragment")
+		counter(c.xdpMatches, x.MatchICMPError, "icmp_error")
+		counter(c.xdpMatches, x.EgressRedirected, "egress_reply")
+	}
+	st := c.engine.Conntrack().Stats()
+	gauge(c.ctEntries, float64(st.Assured), "true")
+	gauge(c.ctEntries, float64(st.Unassured), "false")
+	for s := conntrack.State(1); s < conntrack.NumStates; s++ {
+		gauge(c.ctState, float64(st.ByState[s]), s.String())
+	}
+	gauge(c.ctCapacity, float64(st.Capacity))
+	gauge(c.ctFill, st.FillRatio)
+	for _, e := range []struct {
+		name string
+		v    uint64
+	}{
+		{"insert", st.Inserts}, {"expired", st.Expired + st.ExpiredOnInsert}, {"deleted", st.Deleted},
+		{"evicted_expired", st.EvictedExpired}, {"early_drop", st.EvictedUnassured}, {"full", st.FullDrops},
+		{"snat_exhausted", st.SNATExhausted}, {"out_of_window_rst", st.OutOfWindowRST},
+		{"out_of_window_fin", st.OutOfWindowFIN},
+	} {
+		counter(c.ctEvents, e.v, e.name)
+	}
+	for _, s := range c.engine.Interfaces() {
+		gauge(c.ifaceQueues, float64(s.Queues), s.Name)
+		gauge(c.ifaceServed, float64(len(s.Served)), s.Name)
+	}
+	b := func(ok bool) float64 {
+		if ok {
+			return 1
+		}
+		return 0
+	}
+	gauge(c.healthy, b(c.proxy.Healthz().Healthy), "healthz")
+	gauge(c.healthy, b(c.proxy.Livez().Healthy), "livez")
+}
