@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -27,6 +28,7 @@ const clientEnv = "XDPROXY_E2E_CLIENT"
 // runClient is the client's main:
 //
 //	http URL N        N GETs, each on a new connection: prints each body
+//	https URL N       the same over TLS, without verifying the server
 //	udp ADDR N        N queries, each from a new socket: prints "ok K"
 //	udprtt ADDR N     N echoes on one socket: prints "rtt MEDIAN_US"
 func runClient(args []string) int {
@@ -42,8 +44,12 @@ func runClient(args []string) int {
 		return fail("count %q", args[2])
 	}
 	switch args[0] {
-	case "http":
-		c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	case "http", "https":
+		tr := &http.Transport{DisableKeepAlives: true}
+		if args[0] == "https" {
+			tr.TLSClientConfig = &tls.Config{InsecureSkipVerify: true}
+		}
+		c := &http.Client{Timeout: 5 * time.Second, Transport: tr}
 		for i := range n {
 			resp, err := c.Get(args[1])
 			if err != nil {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -148,4 +149,73 @@ func TestKubernetesSource(t *testing.T) {
 		c.Close()
 		return "connection to the VIP still succeeds"
 	})
+}
+
+// TestAPIServerByConfiguredAddress: on a node without kube-proxy, the
+// DaemonSet's in-cluster address (the kubernetes Service's ClusterIP) is
+// reachable only through xdproxy itself. With services.kubernetes.apiServer
+// xdproxy reaches the API server at its real address, syncs, and then
+// serves the kubernetes Service to a pod on the node.
+func TestAPIServerByConfiguredAddress(t *testing.T) {
+	nb := newNodeBed(t)
+	cluster := kubetest.Start(t, kubetest.Options{})
+	cfg, err := clientcmd.LoadFromFile(cluster.Kubeconfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var target string
+	for _, c := range cfg.Clusters {
+		target = strings.TrimPrefix(c.Server, "https://")
+	}
+	// The control plane, as the node sees it: node2, port 6443.
+	apiAddr := netip.AddrPortFrom(nb.Node2().Addr, 6443)
+	ln, err := testbed.ForwardIntoAt(nb.Node2NS(), apiAddr.String(), target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var kubeIP string
+	eventually(t, "the kubernetes Service", func() string {
+		out, err := cluster.Kubectl("get", "service", "kubernetes", "-o", "jsonpath={.spec.clusterIP}")
+		kubeIP = strings.TrimSpace(string(out))
+		if err != nil || kubeIP == "" {
+			return fmt.Sprintf("%v %s", err, out)
+		}
+		return ""
+	})
+	// The credentials' server is the in-cluster address, which nothing
+	// serves before xdproxy runs; the certificate names 127.0.0.1.
+	for _, c := range cfg.Clusters {
+		c.Server = "https://" + kubeIP + ":443"
+		c.TLSServerName = "127.0.0.1"
+	}
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*cfg, kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	// The API server's endpoint, as a control plane node would publish it.
+	apply(t, cluster, fmt.Sprintf(`apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: kubernetes
+  namespace: default
+  labels: {kubernetes.io/service-name: kubernetes}
+addressType: IPv4
+ports: [{name: https, port: 6443, protocol: TCP}]
+endpoints:
+- addresses: [%s]
+  conditions: {ready: true}
+`, apiAddr.Addr()))
+	a := newNodeAgentWith(t, nb, "", fmt.Sprintf(`services:
+  kubernetes:
+    kubeconfig: %s
+    apiServer: https://%s
+    minSyncPeriod: 100ms`, kubeconfig, apiAddr))
+	lines, err := onNode(nb, nb.Pod("pod-a").NS, true, "https", "https://"+kubeIP+"/version", "3")
+	if err != nil {
+		t.Fatalf("a pod asking the kubernetes Service: %v\n%s", err, a.dump())
+	}
+	if n := strings.Count(strings.Join(lines, "\n"), `"major": "1"`); n != 3 {
+		t.Errorf("%d of 3 answers are the API server's /version:\n%s", n, strings.Join(lines, "\n"))
+	}
 }

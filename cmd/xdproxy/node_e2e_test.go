@@ -88,17 +88,27 @@ endpoints:
 // queue, pods in 10.244.0.0/16, local clients in the NodeBed's cgroup.
 func newNodeAgent(t *testing.T, nb *testbed.NodeBed, services string) *daemon {
 	t.Helper()
+	return newNodeAgentWith(t, nb, services, "")
+}
+
+// newNodeAgentWith is newNodeAgent with sourceCfg, when not empty, as the
+// config's services section.
+func newNodeAgentWith(t *testing.T, nb *testbed.NodeBed, services, sourceCfg string) *daemon {
+	t.Helper()
 	needRoot(t)
 	dir := t.TempDir()
 	a := &daemon{t: t, ns: nb.NodeNS(), dir: dir, config: filepath.Join(dir, "xdproxy.yaml"),
 		services: filepath.Join(dir, "services.yaml"), admin: filepath.Join(dir, "admin.sock")}
 	writeFileAtomic(t, a.services, services)
+	if sourceCfg == "" {
+		sourceCfg = "services: {file: " + a.services + "}"
+	}
 	cfg := fmt.Sprintf(`apiVersion: xdproxy.io/v1alpha1
 kind: XDProxyConfiguration
 nodeName: node-1
 interfaces:
   - {name: %s, xdpMode: native}
-services: {file: %s}
+%s
 clusterCIDR: 10.244.0.0/16
 metricsAddress: 127.0.0.1:0
 healthzAddress: 127.0.0.1:0
@@ -106,7 +116,7 @@ adminSocket: %s
 stateDir: %s
 bpffsDir: %s
 localClients: {cgroup: %s}
-`, nb.NIC(), a.services, a.admin, filepath.Join(dir, "state"), privateBPFFS(t), nb.Cgroup())
+`, nb.NIC(), sourceCfg, a.admin, filepath.Join(dir, "state"), privateBPFFS(t), nb.Cgroup())
 	writeFileAtomic(t, a.config, cfg)
 	a.start()
 	t.Cleanup(func() { a.stop() })

@@ -11,11 +11,16 @@ import (
 // that a process in ns reaches a server on the root namespace's loopback
 // (an API server on 127.0.0.1, say). Closing the listener stops it.
 func ForwardInto(ns, target string) (net.Listener, error) {
+	return ForwardIntoAt(ns, "127.0.0.1:0", target)
+}
+
+// ForwardIntoAt is ForwardInto listening on listen (host:port in ns).
+func ForwardIntoAt(ns, listen, target string) (net.Listener, error) {
 	var ln net.Listener
 	// The socket belongs to the namespace it was made in; serving it from
 	// any thread afterwards is fine.
 	err := DoIn(ns, func() (err error) {
-		ln, err = net.Listen("tcp", "127.0.0.1:0")
+		ln, err = net.Listen("tcp", listen)
 		return err
 	})
 	if err != nil {
