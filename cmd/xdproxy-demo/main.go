@@ -1,9 +1,13 @@
-// Command xdproxy-demo is `make demo`: it builds a throw-away topology of
-// network namespaces (a client, a node, three backends with real servers),
-// runs the xdproxy binary on the node with a static service file, sends
-// real HTTP, UDP and iperf3 traffic through a service VIP and prints what
-// happened: which backend answered, xdproxy's counters, the forwarding
-// rate. Everything it made is removed when it ends.
+// Command xdproxy-demo is `make demo`: it builds a throw-away node of
+// network namespaces — a node with a 4-queue NIC on a LAN, pods on it
+// behind routed veths and a bridge, a second node with remote pods, an
+// off-cluster client — runs the xdproxy binary on the node with a static
+// service file, and sends real traffic through service VIPs: HTTP and UDP
+// from the off-cluster client and through a NodePort (xdproxy's AF_XDP
+// path), from a pod on the node and from the node itself (the socket
+// programs), and iperf3. It prints which backend answered, the address the
+// backend saw, xdproxy's counters and the forwarding rate. Everything it
+// made is removed when it ends.
 package main
 
 import (
@@ -15,6 +19,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"sort"
@@ -22,16 +27,21 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/xdproxy/xdproxy/internal/testbed"
 )
 
+// services are the demo's services, as kubectl would apply them:
+// endpoints on this node (node-1) and on node2.
 const services = `# The demo's services, as kubectl would apply them.
 apiVersion: v1
 kind: Service
 metadata: {name: web, namespace: demo}
 spec:
+  type: NodePort
   clusterIP: 198.19.0.10
-  ports: [{name: http, port: 80, targetPort: 80, protocol: TCP}]
+  ports: [{name: http, port: 80, targetPort: 80, protocol: TCP, nodePort: 30080}]
 ---
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
@@ -42,29 +52,29 @@ metadata:
 addressType: IPv4
 ports: [{name: http, port: 80, protocol: TCP}]
 endpoints:
-- {addresses: [198.18.1.11], conditions: {ready: true}}
-- {addresses: [198.18.1.12], conditions: {ready: true}}
-- {addresses: [198.18.1.13], conditions: {ready: true}}
+- {addresses: [10.244.1.10], nodeName: node-1, conditions: {ready: true}}
+- {addresses: [10.244.1.130], nodeName: node-1, conditions: {ready: true}}
+- {addresses: [10.244.2.10], nodeName: node-2, conditions: {ready: true}}
 ---
 apiVersion: v1
 kind: Service
-metadata: {name: echo, namespace: demo}
+metadata: {name: dns, namespace: demo}
 spec:
   clusterIP: 198.19.0.20
-  ports: [{name: udp, port: 53, targetPort: 53, protocol: UDP}]
+  ports: [{name: dns, port: 53, targetPort: 53, protocol: UDP}]
 ---
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata:
-  name: echo-1
+  name: dns-1
   namespace: demo
-  labels: {kubernetes.io/service-name: echo}
+  labels: {kubernetes.io/service-name: dns}
 addressType: IPv4
-ports: [{name: udp, port: 53, protocol: UDP}]
+ports: [{name: dns, port: 53, protocol: UDP}]
 endpoints:
-- {addresses: [198.18.1.11], conditions: {ready: true}}
-- {addresses: [198.18.1.12], conditions: {ready: true}}
-- {addresses: [198.18.1.13], conditions: {ready: true}}
+- {addresses: [10.244.1.11], nodeName: node-1, conditions: {ready: true}}
+- {addresses: [10.244.2.10], nodeName: node-2, conditions: {ready: true}}
+- {addresses: [10.244.2.11], nodeName: node-2, conditions: {ready: true}}
 ---
 apiVersion: v1
 kind: Service
@@ -86,7 +96,7 @@ ports:
 - {name: ctl, port: 5201, protocol: TCP}
 - {name: data, port: 5201, protocol: UDP}
 endpoints:
-- {addresses: [198.18.1.11], conditions: {ready: true}}
+- {addresses: [10.244.2.11], nodeName: node-2, conditions: {ready: true}}
 `
 
 func main() {
@@ -113,25 +123,31 @@ func run(bin string, requests int) error {
 	if _, err := testbed.CleanupStale(); err != nil {
 		fmt.Println("note: cleaning up an earlier run:", err)
 	}
-	step("creating namespaces: client 198.18.0.2 -> node (xdproxy) -> 3 backends 198.18.1.11-13")
-	tb, err := testbed.New(testbed.Options{})
+	step("creating the node: eth0 (4 queues) on a LAN with an off-cluster client 198.18.0.100 and node2 198.18.0.20;\n" +
+		"    pods pod-a 10.244.1.10 and pod-b 10.244.1.11 behind routed veths, pod-c 10.244.1.130 behind the cni0 bridge;\n" +
+		"    node2's pods n2-pod-a 10.244.2.10 and n2-pod-b 10.244.2.11")
+	nb, err := testbed.NewNode(testbed.NodeOptions{})
 	if err != nil {
 		return err
 	}
+	var bpffs string
 	defer func() {
 		step("cleaning up")
-		tb.Close()
+		nb.Close()
+		if bpffs != "" {
+			_ = unix.Unmount(bpffs, unix.MNT_DETACH)
+		}
 	}()
 	// Leave the node clean on Ctrl-C too.
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-	go func() { <-sig; tb.Close(); os.Exit(130) }()
+	go func() { <-sig; nb.Close(); os.Exit(130) }()
 
-	step("starting real servers in the backend namespaces (HTTP :80, UDP echo :53, iperf3 on backend-0)")
-	if err := tb.StartServers(); err != nil {
+	step("starting real servers in every pod (HTTP :80, UDP echo :53) and iperf3 in n2-pod-b")
+	if err := nb.StartServers(); err != nil {
 		return err
 	}
-	iperf := tb.Command(tb.BackendNS(0), "iperf3", "-s", "-1")
+	iperf := nb.Command(nb.Pod("n2-pod-b").NS, "iperf3", "-s", "-1")
 	if err := iperf.Start(); err != nil {
 		return fmt.Errorf("iperf3: %w", err)
 	}
@@ -142,21 +158,31 @@ func run(bin string, requests int) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
+	// A bpffs of the demo's own for the pinned programs, gone with it.
+	bpffs = filepath.Join(dir, "bpffs")
+	if err := os.Mkdir(bpffs, 0o700); err != nil {
+		return err
+	}
+	if err := unix.Mount("bpf", bpffs, "bpf", 0, ""); err != nil {
+		return fmt.Errorf("mounting a bpffs: %w", err)
+	}
 	svcFile := filepath.Join(dir, "services.yaml")
 	admin := filepath.Join(dir, "admin.sock")
 	cfg := fmt.Sprintf(`apiVersion: xdproxy.io/v1alpha1
 kind: XDProxyConfiguration
 nodeName: node-1
 interfaces:
-  - {name: n0, queues: [0], cpus: [1], xdpMode: native}
-  - {name: n1, queues: [0], cpus: [1], xdpMode: native}
+  - {name: eth0, xdpMode: native}   # every queue, workers on every CPU
 services:
   file: %s
-clusterCIDR: 198.18.0.0/24
+clusterCIDR: 10.244.0.0/16
 metricsAddress: 127.0.0.1:10249
 healthzAddress: 127.0.0.1:10256
 adminSocket: %s
-`, svcFile, admin)
+stateDir: %s
+bpffsDir: %s
+localClients: {cgroup: %s}   # the demo node's cgroup: its pods and host processes
+`, svcFile, admin, filepath.Join(dir, "state"), filepath.Join(bpffs, "xdproxy"), nb.Cgroup())
 	cfgFile := filepath.Join(dir, "xdproxy.yaml")
 	if err := os.WriteFile(svcFile, []byte(services), 0o644); err != nil {
 		return err
@@ -167,9 +193,9 @@ adminSocket: %s
 	step("running xdproxy on the node: %s run --config %s", xdproxy, cfgFile)
 	fmt.Print(indent(cfg))
 	var logBuf bytes.Buffer
-	agent := tb.Command(tb.NodeNS(), xdproxy, "run", "--config", cfgFile)
+	agent := exec.Command(xdproxy, "run", "--config", cfgFile)
 	agent.Stdout, agent.Stderr = &logBuf, &logBuf
-	if err := agent.Start(); err != nil {
+	if err := nb.Start(nb.NodeNS(), agent); err != nil {
 		return err
 	}
 	exited := make(chan error, 1)
@@ -189,22 +215,55 @@ adminSocket: %s
 		fmt.Print(indent(logBuf.String()))
 		return err
 	}
+	raw, _ := adminGet(admin, "interfaces")
+	step("served interfaces (xdproxy admin interfaces)")
+	fmt.Print(indent(raw))
 
-	step("%d HTTP requests from the client to http://198.19.0.10/ with curl (a new connection each)", requests)
-	hits := map[string]int{}
-	for i := 0; i < requests; i++ {
-		out, err := tb.Exec(tb.ClientNS(), "curl", "-sS", "--max-time", "3", "http://198.19.0.10/")
-		if err != nil {
-			return fmt.Errorf("curl: %v: %s", err, out)
+	curl := func(who string, inNode bool, ns, url string) error {
+		step("%d HTTP requests from %s to %s with curl (a new connection each); backend and the client address it saw:", requests, who, url)
+		hits := map[string]int{}
+		for range requests {
+			cmd := exec.Command("curl", "-sS", "--max-time", "3", url+"/whoami")
+			var out bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &out, &out
+			start := nb.Start
+			if inNode {
+				start = nb.StartInCgroup // a pod or process of the node
+			}
+			if err := start(ns, cmd); err != nil {
+				return err
+			}
+			if err := cmd.Wait(); err != nil {
+				return fmt.Errorf("curl from %s: %v: %s", who, err, out.String())
+			}
+			name, src, _ := strings.Cut(strings.TrimSpace(out.String()), " ")
+			host, _, _ := strings.Cut(src, ":")
+			hits[name+" (saw "+host+")"]++
 		}
-		hits[strings.TrimSpace(string(out))]++
+		printHits(hits)
+		return nil
 	}
-	printHits(hits)
+	client, node, podB := nb.Client(), nb.Node(), nb.Pod("pod-b")
+	for _, c := range []struct {
+		who    string
+		inNode bool
+		ns     string
+		url    string
+	}{
+		{"the off-cluster client", false, client.NS, "http://198.19.0.10"},
+		{"the off-cluster client", false, client.NS, "http://" + node.Addr.String() + ":30080"},
+		{"pod-b, a pod on the node", true, podB.NS, "http://198.19.0.10"},
+		{"the node itself", true, node.NS, "http://198.19.0.10"},
+	} {
+		if err := curl(c.who, c.inNode, c.ns, c.url); err != nil {
+			return err
+		}
+	}
 
-	step("%d UDP datagrams to 198.19.0.20:53 (each from a new source port)", requests)
-	hits = map[string]int{}
-	for i := 0; i < requests; i++ {
-		c, err := tb.Dial(context.Background(), tb.ClientNS(), "udp", "198.19.0.20:53")
+	step("%d UDP datagrams from the off-cluster client to 198.19.0.20:53 (each from a new source port)", requests)
+	hits := map[string]int{}
+	for i := range requests {
+		c, err := nb.Dial(context.Background(), client.NS, "udp", "198.19.0.20:53")
 		if err != nil {
 			return err
 		}
@@ -221,28 +280,27 @@ adminSocket: %s
 	}
 	printHits(hits)
 
-	step("iperf3 UDP through the VIP for 3 s (64-byte datagrams, unlimited rate): the forwarding rate")
+	step("iperf3 UDP from the off-cluster client through the VIP for 3 s (64-byte datagrams, unlimited rate): the forwarding rate")
 	before := counters(admin)
 	start := time.Now()
-	out, err := tb.Exec(tb.ClientNS(), "iperf3", "-c", "198.19.0.30", "-u", "-b", "0", "-l", "64", "-t", "3", "--connect-timeout", "3000")
+	out, err := nb.Exec(client.NS, "iperf3", "-c", "198.19.0.30", "-u", "-b", "0", "-l", "64", "-t", "3", "--connect-timeout", "3000")
 	elapsed := time.Since(start)
 	after := counters(admin)
 	if err != nil {
 		fmt.Print(indent(string(out)))
 		return fmt.Errorf("iperf3: %w", err)
 	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	for _, l := range lines {
+	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		if strings.Contains(l, "receiver") || strings.Contains(l, "sender") {
 			fmt.Println("   ", strings.TrimSpace(l))
 		}
 	}
 	fwd := after.Workers.Forwarded - before.Workers.Forwarded
-	fmt.Printf("    xdproxy forwarded %d frames in %.1f s: %.0f packets/s (both directions, one worker CPU)\n",
+	fmt.Printf("    xdproxy forwarded %d frames in %.1f s: %.0f packets/s (both directions)\n",
 		fwd, elapsed.Seconds(), float64(fwd)/elapsed.Seconds())
 
 	step("xdproxy's counters (xdproxy admin stats)")
-	raw, _ := adminGet(admin, "stats")
+	raw, _ = adminGet(admin, "stats")
 	fmt.Print(indent(raw))
 	step("tracked connections (first lines of xdproxy admin conntrack)")
 	raw, _ = adminGet(admin, "conntrack")
