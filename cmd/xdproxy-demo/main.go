@@ -138,7 +138,9 @@ func run(bin string, requests int) error {
 			_ = unix.Unmount(bpffs, unix.MNT_DETACH)
 		}
 	}()
-	// Leave the node clean on Ctrl-C too.
+	// Leave the node clean on Ctrl-C too, and when the output is piped
+	// into something that stops reading (head).
+	signal.Ignore(syscall.SIGPIPE)
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 	go func() { <-sig; nb.Close(); os.Exit(130) }()
