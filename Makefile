@@ -64,7 +64,14 @@ test: deps kube-tools build
 test-unit:
 	$(GO) test -short ./...
 
-bench: deps build
+# bench is the full benchmark (about 40 minutes; root): Go microbenchmarks,
+# then bin/xdproxy-bench: xdproxy (the real binary, poll and busy-poll modes,
+# and its I/O floor) against kube-proxy's rule shapes and the real kube-proxy
+# (from kube-tools), side by side on the NIC-shaped feed, at 1 to 100,000
+# services; results in bench/results/<date>/report.md. bench-quick is the
+# subset that matters most in a few minutes: xdproxy against the nftables
+# shape and the I/O floor at 1 and 1,000 services.
+bench: deps kube-tools build
 	$(GO) test -run '^$$' -bench . -benchmem ./dataplane/... ./nat/... ./control/...
 	$(BIN)/xdproxy-bench --out bench/results
 

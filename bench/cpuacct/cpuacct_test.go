@@ -3,6 +3,7 @@ package cpuacct
 import (
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -32,23 +33,35 @@ func TestReadCPUFrom(t *testing.T) {
 	}
 }
 
+// TestThreadTimeGrowsWithWork: 20ms of CPU time (by getrusage, so that a
+// busy machine descheduling the test does not matter) shows in
+// ProcessTime.
 func TestThreadTimeGrowsWithWork(t *testing.T) {
 	pid := os.Getpid()
 	before, err := ProcessTime(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Millisecond)
+	cpu := func() time.Duration {
+		var ru syscall.Rusage
+		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+			t.Fatal(err)
+		}
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	start, deadline := cpu(), time.Now().Add(10*time.Second)
 	x := 0
-	for time.Now().Before(deadline) {
-		x++
+	for cpu()-start < 20*time.Millisecond && time.Now().Before(deadline) {
+		for range 10000 {
+			x++
+		}
 	}
 	after, err := ProcessTime(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if after-before < 10*time.Millisecond {
-		t.Fatalf("30ms of spinning counted as %v (x=%d)", after-before, x)
+	if after-before < 15*time.Millisecond {
+		t.Fatalf("20ms of CPU time (getrusage) counted as %v (x=%d)", after-before, x)
 	}
 	if _, err := (Probe{Threads: []int{pid}}).Read(); err != nil {
 		t.Fatal(err)

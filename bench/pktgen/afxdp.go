@@ -39,6 +39,7 @@ func (s *AFXDPSender) Send(b Budget, stop <-chan struct{}) (Result, error) {
 		return Result{}, fmt.Errorf("pktgen: budget needs a duration or a count")
 	}
 	res := Result{Mode: "afxdp", Offered: b.Rate}
+	s.seq = b.Seq
 	batch := batchFor(b.Rate)
 	p := newPacer(b.Rate, batch)
 	statsBefore, _ := s.sock.Stats()

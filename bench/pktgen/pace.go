@@ -11,6 +11,11 @@ type Budget struct {
 	Rate     float64
 	Duration time.Duration
 	Count    uint64
+	// Seq is the sequence number of the first packet: packet i carries
+	// flow (Seq+i) % Flows. A caller that wants every packet of several
+	// sends to open a new flow continues where the last send ended
+	// (AF_XDP mode only).
+	Seq uint64
 }
 
 // Result of one Send.

@@ -131,6 +131,9 @@ func (s *ProgRunSender) Send(b Budget, stop <-chan struct{}) (Result, error) {
 	if b.Duration <= 0 && b.Count == 0 {
 		return Result{}, fmt.Errorf("pktgen: budget needs a duration or a count")
 	}
+	if b.Seq != 0 {
+		return Result{}, fmt.Errorf("pktgen: prog-run mode always starts at flow 0 (Budget.Seq %d)", b.Seq)
+	}
 	res := Result{Mode: "prog-run", Offered: b.Rate}
 	before, err := s.runs()
 	if err != nil {

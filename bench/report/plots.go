@@ -16,9 +16,9 @@ import (
 
 // Plot file names.
 const (
-	ThroughputPNG = "throughput_vs_services.png"
-	LossPNG       = "loss_vs_offered_load.png"
-	LatencyPNG    = "tcp_latency.png"
+	CostPNG    = "cpu_per_packet_vs_services.png"
+	LossPNG    = "loss_vs_offered_load.png"
+	LatencyPNG = "tcp_latency.png"
 )
 
 // WritePlots draws the PNGs into dir and returns the names it wrote.
@@ -27,7 +27,7 @@ func WritePlots(dir string, r *Run) ([]string, error) {
 	for _, pl := range []struct {
 		name string
 		draw func(*Run) (*plot.Plot, bool, error)
-	}{{ThroughputPNG, throughputPlot}, {LossPNG, lossPlot}, {LatencyPNG, latencyPlot}} {
+	}{{CostPNG, costPlot}, {LossPNG, lossPlot}, {LatencyPNG, latencyPlot}} {
 		p, ok, err := pl.draw(r)
 		if err != nil {
 			return names, fmt.Errorf("report: %s: %w", pl.name, err)
@@ -44,14 +44,21 @@ func WritePlots(dir string, r *Run) ([]string, error) {
 }
 
 type seriesKey struct {
-	path  string
-	flows int
+	feed, path, traffic string
 }
 
-// throughputPlot: per-core capacity (kpps) against the number of services,
-// one line per path and flow count, log x axis; horizontal lines for paths
-// without services (the limit, plain forwarding).
-func throughputPlot(r *Run) (*plot.Plot, bool, error) {
+func (k seriesKey) label(feeds int) string {
+	l := k.path + ", " + k.traffic
+	if feeds > 1 {
+		l = k.feed + ": " + l
+	}
+	return l
+}
+
+// costPlot: CPU per delivered packet (ns) against the number of services,
+// one line per feed, path and traffic, log x axis; horizontal lines for
+// paths without services (the limit, plain forwarding).
+func costPlot(r *Run) (*plot.Plot, bool, error) {
 	series := map[seriesKey]plotter.XYs{}
 	var maxSvc, minSvc = 1, 1 << 30
 	for _, p := range r.Packet {
@@ -64,35 +71,36 @@ func throughputPlot(r *Run) (*plot.Plot, bool, error) {
 		minSvc, maxSvc = 1, max(10, maxSvc)
 	}
 	for _, p := range r.Packet {
-		if p.Capacity() <= 0 {
+		if p.CostNs <= 0 {
 			continue
 		}
-		k := seriesKey{p.Path, p.Flows}
+		k := seriesKey{p.Feed, p.Path, p.Traffic}
 		if p.Services == 0 {
-			series[k] = plotter.XYs{{X: float64(minSvc), Y: p.Capacity() / 1000}, {X: float64(maxSvc), Y: p.Capacity() / 1000}}
+			series[k] = plotter.XYs{{X: float64(minSvc), Y: p.CostNs}, {X: float64(maxSvc), Y: p.CostNs}}
 			continue
 		}
-		series[k] = append(series[k], plotter.XY{X: float64(p.Services), Y: p.Capacity() / 1000})
+		series[k] = append(series[k], plotter.XY{X: float64(p.Services), Y: p.CostNs})
 	}
 	if len(series) == 0 {
 		return nil, false, nil
 	}
 	p := plot.New()
-	p.Title.Text = "Per-core forwarding capacity (1 / cost per packet)"
+	p.Title.Text = "CPU per delivered packet on the forwarding core"
 	p.X.Label.Text = "services"
-	p.Y.Label.Text = "kpps per forwarding core"
+	p.Y.Label.Text = "ns per packet"
 	p.X.Scale = plot.LogScale{}
 	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
 	p.Legend.Top = true
 	var args []any
 	maxY := 0.0
+	feeds := len(r.FeedNames())
 	for _, k := range sortedSeries(series) {
 		xy := series[k]
 		for _, pt := range xy {
 			maxY = max(maxY, pt.Y)
 		}
 		sort.Slice(xy, func(i, j int) bool { return xy[i].X < xy[j].X })
-		args = append(args, fmt.Sprintf("%s, %d flows", k.path, k.flows), xy)
+		args = append(args, k.label(feeds), xy)
 	}
 	if err := plotutil.AddLinePoints(p, args...); err != nil {
 		return nil, false, err
@@ -109,10 +117,14 @@ func sortedSeries(m map[seriesKey]plotter.XYs) []seriesKey {
 		ks = append(ks, k)
 	}
 	sort.Slice(ks, func(i, j int) bool {
-		if ks[i].path != ks[j].path {
-			return ks[i].path < ks[j].path
+		a, b := ks[i], ks[j]
+		if a.feed != b.feed {
+			return a.feed < b.feed
 		}
-		return ks[i].flows < ks[j].flows
+		if a.path != b.path {
+			return a.path < b.path
+		}
+		return a.traffic < b.traffic
 	})
 	return ks
 }
@@ -138,7 +150,7 @@ func lossPlot(r *Run) (*plot.Plot, bool, error) {
 		for _, pt := range search.Sorted(x.Curve) {
 			xy = append(xy, plotter.XY{X: pt.Offered / 1000, Y: pt.Loss() * 100})
 		}
-		args = append(args, fmt.Sprintf("%s, %d flows", x.Path, x.Flows), xy)
+		args = append(args, seriesKey{x.Feed, x.Path, x.Traffic}.label(len(r.FeedNames())), xy)
 	}
 	if len(args) == 0 {
 		return nil, false, nil

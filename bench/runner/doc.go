@@ -1,20 +1,21 @@
-// Package runner drives a benchmark run: for every variant it builds a
-// fresh bench/topo topology, programs the path under test (nothing, kernel
-// rules in kube-proxy's shapes, or xdproxy), attaches the bench/sink
-// counter, runs the generator (bench/cmd/xdproxy-pktgen, a separate
-// process pinned to the generator CPU) for a warm-up, cost runs and a
-// bench/search zero-loss search, then runs the TCP connection test, and
-// returns a report.Run.
+// Package runner drives a benchmark run: for every group of variants (the
+// paths measured side by side at one service count, on one feed) it builds
+// a fresh bench/topo topology per variant with its bench/feed, programs the
+// path under test (nothing, kernel rules in kube-proxy's shapes, the real
+// kube-proxy, or the xdproxy binary in one of its modes), attaches the
+// bench/sink counter, and runs the generator (bench/cmd/xdproxy-pktgen, a
+// separate process pinned to the generator CPU) for a warm-up, cost runs
+// that go round the group one trial at a time, and a bench/search zero-loss
+// search per variant; then it runs the TCP connection test, and returns a
+// report.Run.
 //
-// xdproxy runs as its own process in the node namespace: the hidden
-// "dataplane" subcommand of xdproxy-bench (RunDataplane) starts the real
-// dataplane engine with the benchmark's services, its workers pinned to the
-// forwarding CPU, so that its CPU time can be measured apart from
-// everything else.
-//
-// The real kube-proxy paths (bench/kubeproxy) run kube-proxy against its
-// own API server in the node namespace and measure the kernel's forwarding
-// threads, as for the kernel-rule paths.
+// xdproxy is always the real binary (`xdproxy run --config FILE`), in its
+// own process in the node namespace, its workers pinned to the forwarding
+// CPU by the config the runner writes. The runner learns that it is ready
+// from its admin socket (the published table holding every frontend), reads
+// its counters there, and takes CPU profiles from the socket's
+// /debug/pprof/profile while a trial runs. Nothing in the benchmark links
+// the engine in.
 //
 // Run needs root, iproute2, ethtool, iptables-restore and nft. It deletes
 // every namespace it made, also on errors.

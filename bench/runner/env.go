@@ -1,7 +1,6 @@
 package runner
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -10,12 +9,12 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/vishvananda/netlink"
 
 	"github.com/xdproxy/xdproxy/bench/cpuacct"
+	"github.com/xdproxy/xdproxy/bench/feed"
 	"github.com/xdproxy/xdproxy/bench/kernelrules"
 	"github.com/xdproxy/xdproxy/bench/kubeproxy"
 	"github.com/xdproxy/xdproxy/bench/pktgen"
@@ -26,87 +25,58 @@ import (
 	"github.com/xdproxy/xdproxy/internal/testbed"
 )
 
-// env is one variant's live setup: its topology, the programmed path, the
-// sink and the probe of the forwarding threads.
+// env is one variant's live setup: its topology and feed, the programmed
+// path, the sink and the probe of the forwarding threads.
 type env struct {
 	cfg     *Config
 	t       *topo.Topology
+	feed    *feed.Feed
 	sink    *sink.Sink
 	probe   cpuacct.Probe
-	proc    *exec.Cmd     // xdproxy's dataplane process, if any
-	procErr *bytes.Buffer // its stderr (the counters it prints on exit)
+	xdproxy *xdproxyProc // the xdproxy binary, on its paths
 	setup   time.Duration
 	dst     netip.Addr
 	dsts    int
 	dport   uint16
+	flows   int
+	// seq is the generator's next sequence number: with new-flow traffic
+	// each trial continues where the last one ended, so that no flow
+	// repeats.
+	seq     uint64
+	newFlow bool
 	closers []func() error
 	set     kernelrules.ServiceSet
 	limit   bool
-	admin   string // the xdproxy binary's admin socket
-	stats   string // its stats, read just before it was stopped
 	note    string // about the setup, for the results' notes
 }
 
 // aim points the generator: at the node itself for the limit (its sink
-// drops everything), at the sink without services, else at the services.
-// Many flows are spread over min(flows, services, AddrsPerPort) cluster IPs; a
-// single flow goes to the last service.
-func (e *env) aim(services, flows int) {
+// drops everything), at the sink without services, else at the services,
+// spread over min(flows, services, AddrsPerPort) cluster IPs (a new flow
+// per packet: over min(services, AddrsPerPort)).
+func (e *env) aim(services int, tr Traffic) {
 	e.dst, e.dsts, e.dport = topo.SinkAddrs[0], 1, UDPEndpointPort
+	e.flows, e.newFlow, e.seq = tr.Flows, tr.New, 0
 	if e.set.Proto == kernelrules.TCP {
 		e.dport = TCPEndpointPort
 	}
 	switch {
 	case e.limit:
 		e.dst = topo.NodeInAddr
-	case services > 0 && flows == 1:
-		e.dst, e.dport = e.set.VIP(services-1), e.set.Port(services-1)
 	case services > 0:
-		e.dst, e.dsts, e.dport = e.set.VIP(0), min(flows, services, kernelrules.AddrsPerPort), e.set.Port(0)
+		e.dst, e.dsts, e.dport = e.set.VIP(0), min(tr.Flows, services, kernelrules.AddrsPerPort), e.set.Port(0)
 	}
 }
 
-// stopXDProxy stops the dataplane process and returns the counters it
-// printed on the way out ("" without one).
+// stopXDProxy stops the xdproxy binary and returns a summary of its
+// counters ("" without one).
 func (e *env) stopXDProxy() string {
-	if e.proc == nil || e.proc.Process == nil {
+	if e.xdproxy == nil {
 		return ""
 	}
-	if e.admin != "" {
-		out, err := exec.Command("ip", "netns", "exec", e.t.Node, e.cfg.XDProxyBin, "admin", "--socket", e.admin, "stats").Output()
-		if err == nil {
-			var v any
-			if json.Unmarshal(out, &v) == nil {
-				b, _ := json.Marshal(v)
-				e.stats = "xdproxy admin stats: " + string(b)
-			}
-		}
-	}
-	_ = e.proc.Process.Signal(syscall.SIGTERM)
-	done := make(chan error, 1)
-	go func() { done <- e.proc.Wait() }()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		_ = e.proc.Process.Kill()
-		<-done
-	}
-	e.proc = nil
-	for _, l := range strings.Split(e.procErr.String(), "\n") {
-		if strings.HasPrefix(l, "xdproxy counters:") {
-			return l
-		}
-	}
-	var problems []string
-	for _, l := range strings.Split(e.procErr.String(), "\n") {
-		if strings.Contains(l, "level=ERROR") || strings.Contains(l, "level=WARN") || strings.HasPrefix(l, "xdproxy-bench:") || strings.HasPrefix(l, "xdproxy:") {
-			problems = append(problems, l)
-		}
-	}
-	if e.stats != "" {
-		problems = append(problems, e.stats)
-	}
-	return tail(strings.Join(problems, "; "), 1500)
+	s := e.xdproxy.stop()
+	e.xdproxy = nil
+	return s
 }
 
 func (e *env) close() error {
@@ -119,6 +89,9 @@ func (e *env) close() error {
 	}
 	if e.sink != nil {
 		errs = append(errs, e.sink.Close())
+	}
+	if e.feed != nil {
+		errs = append(errs, e.feed.Close())
 	}
 	if e.t != nil {
 		errs = append(errs, e.t.Close())
@@ -155,20 +128,21 @@ func (e *env) threaded(ns, iface string, cpu int) ([]int, error) {
 	return pids, topo.SetNice(e.cfg.Nice, pids...)
 }
 
-// newEnv builds the topology and programs path. For paths with services
-// the generator's destinations are spread over min(flows, services,
-// 65536) cluster IPs; a single flow goes to the last service.
-func newEnv(cfg *Config, path string, services, flows int, proto kernelrules.Proto) (_ *env, err error) {
+// newEnv builds the topology with the feed, and programs path.
+func newEnv(cfg *Config, fk feed.Kind, path string, services int, proto kernelrules.Proto) (_ *env, err error) {
 	e := &env{cfg: cfg, limit: path == report.PathLimit}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, e.close())
 		}
 	}()
-	if e.t, err = topo.New(topo.Options{}); err != nil {
+	if e.t, err = topo.New(fk.TopoOptions()); err != nil {
 		return nil, err
 	}
 	gen, fwd := cfg.Plan.GenCPU, cfg.Plan.ForwardCPU
+	if e.feed, err = feed.Setup(e.t, fk, gen, cfg.Nice); err != nil {
+		return nil, err
+	}
 	// Frames of the generator's interface must qualify for the peer's
 	// NAPI (GRO) path: a veth with TSO on sends through the sender's
 	// backlog instead. An XDP program on the peer turns it off anyway.
@@ -183,7 +157,6 @@ func newEnv(cfg *Config, path string, services, flows int, proto kernelrules.Pro
 		set.VIPBase = KubeProxyVIPBase
 	}
 	e.set = set
-	e.aim(services, flows)
 	var fwdThreads []int
 	start := time.Now()
 	switch path {
@@ -211,7 +184,7 @@ func newEnv(cfg *Config, path string, services, flows int, proto kernelrules.Pro
 			}
 		}
 		e.setup = time.Since(start)
-		if fwdThreads, err = e.kernelForwarding(); err != nil {
+		if fwdThreads, err = e.kernelForwarding(fk); err != nil {
 			return nil, err
 		}
 	case report.PathKubeProxyIPTables, report.PathKubeProxyNFTables:
@@ -229,18 +202,17 @@ func newEnv(cfg *Config, path string, services, flows int, proto kernelrules.Pro
 		e.closers = append(e.closers, kp.Close)
 		e.setup = kp.Programmed
 		e.note = fmt.Sprintf("kube-proxy %s programmed %d services in %v after they were created through the API in %v.", mode, set.Count, kp.Programmed.Round(time.Millisecond), kp.Applied.Round(time.Millisecond))
-		if fwdThreads, err = e.kernelForwarding(); err != nil {
+		if fwdThreads, err = e.kernelForwarding(fk); err != nil {
 			return nil, err
 		}
-	case report.PathXDProxy:
-		launch := e.startXDProxy
-		if cfg.XDProxyBin != "" {
-			launch = func(services int, proto kernelrules.Proto, _ int) error { return e.startBinary(services, proto) }
-		}
-		if err := launch(services, proto, flows); err != nil {
+	case report.PathXDProxy, report.PathBusyPoll, report.PathIOFloor:
+		if e.xdproxy, err = startXDProxy(cfg, e.t, path, set); err != nil {
 			return nil, err
 		}
 		e.setup = time.Since(start)
+		if h := e.xdproxy.health; h != "" {
+			e.note = "xdproxy's /health when it was ready: " + h + "."
+		}
 		for _, ifc := range []string{topo.NodeInIface, topo.NodeOutIface} {
 			th, err := e.threaded(e.t.Node, ifc, fwd)
 			if err != nil {
@@ -248,7 +220,7 @@ func newEnv(cfg *Config, path string, services, flows int, proto kernelrules.Pro
 			}
 			fwdThreads = append(fwdThreads, th...)
 		}
-		e.probe.Processes = []int{e.proc.Process.Pid}
+		e.probe.Processes = []int{e.xdproxy.pid()}
 	default:
 		return nil, fmt.Errorf("runner: unknown path %q", path)
 	}
@@ -271,10 +243,26 @@ func newEnv(cfg *Config, path string, services, flows int, proto kernelrules.Pro
 	return e, nil
 }
 
-// kernelForwarding turns GRO on for the node's veths, which gives them
-// NAPI instances, and threaded NAPI then runs those on the forwarding CPU:
-// all of the kernel's forwarding work happens in the kthreads it returns.
-func (e *env) kernelForwarding() ([]int, error) {
+// kernelForwarding prepares the node's veths for the kernel's own
+// forwarding: with the NIC feed an XDP_PASS program on n0 (a veth takes
+// redirected frames only while its peer has NAPI, and then builds the skb
+// in n0's NAPI, as a NIC driver does); GRO on for both, which gives them
+// NAPI instances for skbs; and threaded NAPI pinned to the forwarding CPU.
+// All of the kernel's forwarding work then happens in the kthreads it
+// returns.
+func (e *env) kernelForwarding(fk feed.Kind) ([]int, error) {
+	if fk == feed.NIC {
+		err := testbed.DoIn(e.t.Node, func() error {
+			p, err := feed.AttachPass(e.t.NodeInIdx)
+			if err == nil {
+				e.closers = append(e.closers, p.Close)
+			}
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
 	var threads []int
 	for _, ifc := range []string{topo.NodeInIface, topo.NodeOutIface} {
 		if err := e.t.SetOffload(e.t.Node, ifc, "gro", true); err != nil {
@@ -289,56 +277,6 @@ func (e *env) kernelForwarding() ([]int, error) {
 	return threads, nil
 }
 
-// startXDProxy starts the dataplane process in the node namespace and
-// waits for its table to be published.
-func (e *env) startXDProxy(services int, proto kernelrules.Proto, flows int) error {
-	args := []string{"netns", "exec", e.t.Node, "nice", "-n", strconv.Itoa(e.cfg.Nice), e.cfg.Self, "dataplane",
-		"--services", strconv.Itoa(max(services, 1)), "--proto", string(proto), "--cpu", strconv.Itoa(e.cfg.Plan.ForwardCPU)}
-	if e.cfg.profileNext != "" {
-		args = append(args, "--cpuprofile", e.cfg.profileNext)
-		e.cfg.profileNext = ""
-	}
-	cmd := exec.Command("ip", args...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	e.procErr = &stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return err
-	}
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	e.proc = cmd
-	ready := make(chan error, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if strings.HasPrefix(sc.Text(), ReadyLine) {
-				ready <- nil
-				_, _ = bufio.NewReader(out).WriteTo(discard{})
-				return
-			}
-		}
-		ready <- fmt.Errorf("xdproxy dataplane exited before it was ready: %s", strings.TrimSpace(stderr.String()))
-	}()
-	select {
-	case err := <-ready:
-		return err
-	case <-time.After(120 * time.Second):
-		return fmt.Errorf("xdproxy dataplane not ready after 120s: %s", stderr.String())
-	}
-}
-
-type discard struct{}
-
-func (discard) Write(b []byte) (int, error) { return len(b), nil }
-
-// pktgenOut is the generator's JSON output.
-type pktgenOut struct {
-	pktgen.Result
-}
-
 // measurement is one trial: the search point and the forwarding cost.
 type measurement struct {
 	point   search.Point
@@ -346,20 +284,25 @@ type measurement struct {
 	cpuNs   float64 // forwarding CPU busy ns per received packet
 	genRes  pktgen.Result
 	recvPkt uint64
+	// feedLoss is the share of sent frames that never reached n0 (-1:
+	// unknown).
+	feedLoss float64
+	// otherShare estimates the share of the trial during which other work
+	// held the forwarding CPU: its busy time (/proc/stat, in ticks) less
+	// the probed threads' run time, over the trial's length.
+	otherShare float64
 }
 
 // send runs the generator once.
-func (e *env) send(mode string, rate float64, d time.Duration, count uint64, flows int) (pktgen.Result, error) {
-	args := []string{"netns", "exec", e.t.Gen, "nice", "-n", strconv.Itoa(e.cfg.Nice), e.cfg.Pktgen, "--json", "--mode", mode,
-		"--dev", topo.GenIface, "--dst-mac", e.t.NodeInMAC.String(), "--cpu", strconv.Itoa(e.cfg.Plan.GenCPU),
+func (e *env) send(rate float64, d time.Duration) (pktgen.Result, error) {
+	args := []string{"netns", "exec", e.t.Gen, "nice", "-n", strconv.Itoa(e.cfg.Nice), e.cfg.Pktgen, "--json", "--mode", "afxdp",
+		"--dev", e.feed.Kind.TxIface(), "--src-mac", e.t.GenMAC.String(), "--dst-mac", e.t.NodeInMAC.String(),
+		"--cpu", strconv.Itoa(e.cfg.Plan.GenCPU),
 		"--src", topo.FlowSource.String(), "--dst", e.dst.String(), "--dsts", strconv.Itoa(e.dsts),
-		"--dport", strconv.Itoa(int(e.dport)), "--flows", strconv.Itoa(flows), "--size", strconv.Itoa(e.cfg.FrameSize),
-		"--rate", strconv.FormatFloat(rate, 'f', 0, 64), "--proto", "udp"}
-	if d > 0 {
-		args = append(args, "--duration", d.String())
-	}
-	if count > 0 {
-		args = append(args, "--count", strconv.FormatUint(count, 10))
+		"--dport", strconv.Itoa(int(e.dport)), "--flows", strconv.Itoa(e.flows), "--size", strconv.Itoa(e.cfg.FrameSize),
+		"--rate", strconv.FormatFloat(rate, 'f', 0, 64), "--proto", "udp", "--duration", d.String()}
+	if e.newFlow {
+		args = append(args, "--seq", strconv.FormatUint(e.seq, 10))
 	}
 	cmd := exec.Command("ip", args...)
 	var stderr bytes.Buffer
@@ -368,16 +311,35 @@ func (e *env) send(mode string, rate float64, d time.Duration, count uint64, flo
 	if err != nil {
 		return pktgen.Result{}, fmt.Errorf("pktgen: %w: %s", err, strings.TrimSpace(stderr.String()))
 	}
-	var res pktgenOut
+	var res pktgen.Result
 	if err := json.Unmarshal(out, &res); err != nil {
 		return pktgen.Result{}, fmt.Errorf("pktgen output %q: %w", out, err)
 	}
-	return res.Result, nil
+	if e.newFlow {
+		e.seq += res.Sent
+	}
+	return res, nil
 }
 
-// trial offers rate for d and measures loss and cost.
-func (e *env) trial(mode string, rate float64, d time.Duration, flows int) (measurement, error) {
-	var m measurement
+// arrived is how many frames n0 has taken off its receive ring (veth's
+// rx_queue_0_xdp_packets: every frame of its NAPI, XDP frame or skb);
+// ok is false where the counter cannot be read.
+func (e *env) arrived() (uint64, bool) {
+	qs, err := testbed.RxQueuePackets(e.t.Node, topo.NodeInIface)
+	if err != nil {
+		return 0, false
+	}
+	var n uint64
+	for _, q := range qs {
+		n += q
+	}
+	return n, true
+}
+
+// trial offers rate (0: as fast as the generator can) for d and measures
+// loss and cost.
+func (e *env) trial(rate float64, d time.Duration, tr Traffic) (measurement, error) {
+	m := measurement{feedLoss: -1}
 	s0, err := e.sink.Read()
 	if err != nil {
 		return m, err
@@ -390,7 +352,8 @@ func (e *env) trial(mode string, rate float64, d time.Duration, flows int) (meas
 	if err != nil {
 		return m, err
 	}
-	res, err := e.send(mode, rate, d, 0, flows)
+	a0, okA0 := e.arrived()
+	res, err := e.send(rate, d)
 	if err != nil {
 		return m, err
 	}
@@ -407,6 +370,7 @@ func (e *env) trial(mode string, rate float64, d time.Duration, flows int) (meas
 	if err != nil {
 		return m, err
 	}
+	a1, okA1 := e.arrived()
 	recv := s1.Sub(s0).Packets
 	secs := res.Elapsed.Seconds()
 	if secs <= 0 {
@@ -421,9 +385,45 @@ func (e *env) trial(mode string, rate float64, d time.Duration, flows int) (meas
 		m.costNs = float64(p1-p0) / float64(recv)
 		m.cpuNs = float64(c1.Sub(c0).BusyTime()) / float64(recv)
 	}
+	if span := res.Elapsed + e.cfg.Settle; span > 0 {
+		m.otherShare = max(0, float64(c1.Sub(c0).BusyTime()-(p1-p0))/float64(span))
+	}
+	if okA0 && okA1 && res.Sent > 0 {
+		m.feedLoss = 0
+		if got := a1 - a0; got < res.Sent {
+			m.feedLoss = float64(res.Sent-got) / float64(res.Sent)
+		}
+	}
 	if e.cfg.Verbose {
-		e.cfg.Log.Printf("      trial %s offered %.0f sent %.0f recv %.0f loss %.3f%% late %d cost %.0f ns cpu %.0f ns (threads %v, %v busy)",
-			mode, rate, m.point.Sent, m.point.Received, m.point.Loss()*100, res.Late, m.costNs, m.cpuNs, time.Duration(p1-p0), c1.Sub(c0).BusyTime())
+		e.cfg.Log.Printf("      trial %v offered %.0f sent %.0f recv %.0f loss %.3f%% (before n0 %.3f%%) late %d cost %.0f ns cpu %.0f ns (threads %v, %v busy, other work %.0f%%)",
+			tr, rate, m.point.Sent, m.point.Received, m.point.Loss()*100, m.feedLoss*100, res.Late, m.costNs, m.cpuNs, time.Duration(p1-p0), c1.Sub(c0).BusyTime(), m.otherShare*100)
 	}
 	return m, nil
+}
+
+// MachineBusy is the share of time every CPU was busy over d (from
+// /proc/stat), with nothing of the benchmark running: other work on a
+// shared machine.
+func MachineBusy(cpus []int, d time.Duration) (float64, error) {
+	before := make([]cpuacct.CPUTimes, len(cpus))
+	for i, c := range cpus {
+		var err error
+		if before[i], err = cpuacct.ReadCPU(c); err != nil {
+			return 0, err
+		}
+	}
+	time.Sleep(d)
+	var busy, total uint64
+	for i, c := range cpus {
+		now, err := cpuacct.ReadCPU(c)
+		if err != nil {
+			return 0, err
+		}
+		dt := now.Sub(before[i])
+		busy, total = busy+dt.Busy(), total+dt.Total()
+	}
+	if total == 0 {
+		return 0, nil
+	}
+	return float64(busy) / float64(total), nil
 }

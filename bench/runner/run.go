@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/xdproxy/xdproxy/bench/feed"
 	"github.com/xdproxy/xdproxy/bench/kernelrules"
 	"github.com/xdproxy/xdproxy/bench/kubeproxy"
 	"github.com/xdproxy/xdproxy/bench/report"
@@ -23,11 +24,13 @@ import (
 type Config struct {
 	Quick bool
 	Plan  topo.Plan
-	// Services are the service counts of the kernel-rule and xdproxy
-	// paths; Flows the flow counts (the first is used for the paths
-	// measured with one flow count only).
+	// Feeds are how the generator's frames reach the node; every packet
+	// variant runs on each.
+	Feeds []feed.Kind
+	// Services are the service counts; Traffic the traffic patterns
+	// measured on every packet variant.
 	Services []int
-	Flows    []int
+	Traffic  []Traffic
 	// Trial is the length of one trial; CostRuns how many cost runs make
 	// the median; SearchTrials caps the zero-loss search; CostRate is the
 	// rate of the cost runs (0: half the generator's ceiling, at most
@@ -37,7 +40,7 @@ type Config struct {
 	SearchTrials int
 	CostRate     float64
 	CurvePoints  int // extra evenly spaced curve points beyond the search's
-	WarmUps      int // most warm-up trials before the cost runs
+	WarmUps      int // most warm-up trials of long flows before the cost runs
 	FrameSize    int
 	Tolerance    float64
 	Settle       time.Duration
@@ -47,22 +50,23 @@ type Config struct {
 	TCPServices    []int
 	TCPDuration    time.Duration
 	TCPConcurrency int
-	// Binaries: Self is this program (for the dataplane, tcp-server and
-	// tcp-client subcommands), Pktgen the generator.
-	Self, Pktgen string
-	// XDProxyBin, when set, is the xdproxy binary to measure (bin/xdproxy
-	// run with a generated config and services file); otherwise the
-	// dataplane subcommand of Self runs the same engine with a profile.
-	XDProxyBin      string
-	IPTablesRestore string
+	// Self is this program (for its tcp-server and tcp-client
+	// subcommands), Pktgen the generator, XDProxyBin the xdproxy binary
+	// measured (xdproxy run --config with a generated config).
+	Self, Pktgen, XDProxyBin string
+	IPTablesRestore          string
 	// RulesTimeout bounds one ruleset load (nft -f slows down more than
 	// linearly with the number of chains).
 	RulesTimeout time.Duration
-	// Profile writes a CPU profile of xdproxy for the variant with the
-	// most services and the most flows into the results directory.
-	Profile bool
-	OutDir  string
-	Log     *log.Logger
+	// Profile takes CPU profiles of the running xdproxy binary (poll
+	// mode) at ProfileServices services (0: 1,000 if measured, else the
+	// most), one per feed and traffic, each during an extra trial of
+	// ProfileTrial at the cost rate.
+	Profile         bool
+	ProfileServices int
+	ProfileTrial    time.Duration
+	OutDir          string
+	Log             *log.Logger
 	// Nice is the nice value of every thread the benchmark runs or
 	// pins (generator, NAPI kthreads, xdproxy), so that other work on a
 	// shared machine disturbs all paths less and equally.
@@ -71,154 +75,218 @@ type Config struct {
 	Only []string
 	// Verbose logs every trial.
 	Verbose bool
+	// QuietWait is the longest a group waits to start for the machine to
+	// be quiet (both CPUs together under QuietBusy busy, with nothing of
+	// the benchmark running), so that others' work on a shared machine
+	// spoils fewer measurements; 0 does not wait.
+	QuietWait time.Duration
+	QuietBusy float64
+	// Redos is how often a cost run is repeated when other work held the
+	// forwarding CPU for more than RedoOther of it.
+	Redos     int
+	RedoOther float64
 	// KubeBins are the control plane and kube-proxy binaries of the real
 	// kube-proxy paths; KubeBinsErr, when set, says why they are missing
-	// and those paths are skipped. The paths run in full runs (and when
-	// Only names them) at the service counts up to KubeProxyMaxServices.
+	// and those paths are skipped.
 	KubeBins    kubeproxy.Binaries
 	KubeBinsErr error
-
-	profileNext string
 }
 
 // KubeProxyMaxServices is the most services the real kube-proxy paths get:
 // creating more through the API server takes too long on this machine.
 const KubeProxyMaxServices = 1000
 
+// SmallPathMaxServices is the most services of the paths that full runs
+// measure at small service counts only (the iptables shape, whose linear
+// chain makes 10,000 services useless, and busy polling), unless Only
+// names them.
+const SmallPathMaxServices = 1000
+
 // kubeProxyPaths are the real kube-proxy paths.
 var kubeProxyPaths = []string{report.PathKubeProxyIPTables, report.PathKubeProxyNFTables}
 
-// runsKubeProxy says whether path (a kube-proxy path) runs at services:
-// in full runs, or when Only names it, up to KubeProxyMaxServices.
-func (c *Config) runsKubeProxy(path string, services int) bool {
-	return (!c.Quick || slices.Contains(c.Only, path)) && services >= 1 && services <= KubeProxyMaxServices
+// runs says whether path is measured at services in this run.
+func (c *Config) runs(path string, services int) bool {
+	named := slices.Contains(c.Only, path)
+	if len(c.Only) > 0 && !named && path != report.PathLimit {
+		return false
+	}
+	switch path {
+	case report.PathLimit:
+		return true
+	case report.PathNFTables, report.PathXDProxy, report.PathIOFloor:
+		return true
+	case report.PathKernel:
+		return !c.Quick || named
+	case report.PathIPTables, report.PathBusyPoll:
+		return named || !c.Quick && services <= SmallPathMaxServices
+	case report.PathKubeProxyIPTables, report.PathKubeProxyNFTables:
+		return (!c.Quick || named) && services >= 1 && services <= KubeProxyMaxServices
+	}
+	return false
 }
 
-// variant is one setup (path and service count) and the flow counts
-// measured on it, in order: programming a large ruleset once per setup
-// keeps the run short.
+// variant is one setup: a path at a service count, on a feed.
 type variant struct {
+	feed     feed.Kind
 	path     string
 	services int
-	flows    []int
 }
 
-func (c *Config) variants() []variant {
-	many := c.Flows[len(c.Flows)-1]
-	vs := []variant{{report.PathLimit, 0, []int{1}}, {report.PathKernel, 0, []int{many}}}
-	for _, s := range c.Services {
-		vs = append(vs, variant{report.PathIPTables, s, []int{many}})
-	}
-	for _, p := range []string{report.PathNFTables, report.PathXDProxy} {
-		for i, s := range c.Services {
-			flows := c.Flows
-			// In the quick run the kernel's single-flow case is
-			// measured at the smallest service count only.
-			if p == report.PathNFTables && c.Quick && i > 0 {
-				flows = []int{many}
-			}
-			vs = append(vs, variant{p, s, flows})
+// group is a set of variants set up together, whose trials interleave:
+// every traffic pattern's cost runs go round the group, one trial each, so
+// that the paths compared side by side share the same moments of a shared
+// machine's noise. Paths that would disturb the others while idle run
+// alone: busy polling (its workers spin on the forwarding CPU) and the real
+// kube-proxy (its control plane runs on the generator CPU).
+type group []variant
+
+// alone says whether path runs in a group of its own.
+func alone(path string) bool {
+	return path == report.PathLimit || path == report.PathBusyPoll || report.IsKubeProxy(path)
+}
+
+// groups lists the setups in the order they run: per feed the limit (the
+// generator's ceiling, which every search needs), then per service count
+// the paths measured together (plain forwarding joins the first), then
+// that count's paths that run alone.
+func (c *Config) groups() []group {
+	order := []string{report.PathNFTables, report.PathIPTables, report.PathIOFloor, report.PathXDProxy,
+		report.PathKubeProxyNFTables, report.PathKubeProxyIPTables, report.PathBusyPoll}
+	var gs []group
+	for _, f := range c.Feeds {
+		gs = append(gs, group{{f, report.PathLimit, 0}})
+		var together group
+		if c.runs(report.PathKernel, 0) {
+			together = append(together, variant{f, report.PathKernel, 0})
 		}
-	}
-	for _, p := range kubeProxyPaths {
 		for _, s := range c.Services {
-			if c.runsKubeProxy(p, s) {
-				vs = append(vs, variant{p, s, c.Flows})
+			var singles []group
+			for _, p := range order {
+				if !c.runs(p, s) {
+					continue
+				}
+				if alone(p) {
+					singles = append(singles, group{{f, p, s}})
+				} else {
+					together = append(together, variant{f, p, s})
+				}
 			}
+			if len(together) > 0 {
+				gs = append(gs, together)
+			}
+			gs = append(gs, singles...)
+			together = nil
+		}
+		if len(together) > 0 {
+			gs = append(gs, together)
 		}
 	}
-	if len(c.Only) == 0 {
-		return vs
+	return gs
+}
+
+// profileServices is the service count profiled.
+func (c *Config) profileServices() int {
+	if c.ProfileServices > 0 {
+		return c.ProfileServices
 	}
-	var out []variant
-	for _, v := range vs {
-		if v.path == report.PathLimit || slices.Contains(c.Only, v.path) {
-			out = append(out, v)
+	if slices.Contains(c.Services, 1000) {
+		return 1000
+	}
+	return slices.Max(c.Services)
+}
+
+// tcpPaths are the paths of the TCP test at services.
+func (c *Config) tcpPaths(services int) []string {
+	var out []string
+	for _, p := range []string{report.PathNFTables, report.PathIPTables, report.PathXDProxy, report.PathKubeProxyNFTables, report.PathKubeProxyIPTables} {
+		if p == report.PathIPTables && c.Quick && !slices.Contains(c.Only, p) {
+			continue
+		}
+		if c.runs(p, services) {
+			out = append(out, p)
 		}
 	}
 	return out
 }
+
+// TCPFeed describes how the TCP test's traffic reaches the node.
+const TCPFeed = "real sockets: the client in the generator namespace connects through g0, so n0 receives the skbs a veth carries from a pod (the pod feed), and the server answers from the sink namespace; client and server run on the generator CPU"
 
 // Run measures everything and returns the results; the caller writes them.
 func Run(cfg *Config) (*report.Run, error) {
 	if cfg.Log == nil {
 		cfg.Log = log.New(os.Stderr, "", log.Ltime)
 	}
-	if len(cfg.Services) == 0 || len(cfg.Flows) == 0 {
-		return nil, errors.New("runner: need service and flow counts")
+	if len(cfg.Services) == 0 || len(cfg.Traffic) == 0 || len(cfg.Feeds) == 0 {
+		return nil, errors.New("runner: need service counts, traffic and feeds")
+	}
+	if cfg.XDProxyBin == "" {
+		return nil, errors.New("runner: no xdproxy binary (make build)")
 	}
 	r := &report.Run{
 		Started: time.Now(), Quick: cfg.Quick, CPUs: runtime.NumCPU(), GenCPU: cfg.Plan.GenCPU, FwdCPU: cfg.Plan.ForwardCPU,
 		FrameSize: cfg.FrameSize, Trial: cfg.Trial.String(), Tolerance: cfg.Tolerance,
-		XDProxy: "the dataplane engine (package dataplane) run by xdproxy-bench's dataplane subcommand in its own process in the node namespace, workers pinned to the forwarding CPU, AF_XDP copy mode, 64-frame batches, conntrack capacity 1M",
+		XDProxy: "the xdproxy binary (" + cfg.XDProxyBin + " run --config, services from a kubectl-style file, ready once its admin socket shows the table with every frontend) in the node namespace, workers pinned to the forwarding CPU by its config, AF_XDP copy mode, 64-frame batches, conntrack capacity 1M; poll mode (default), busy poll (busyPoll: true), or the I/O floor (benchmark.ioFloor: every frame forwarded untranslated to the sink's next hop)",
 		Clients: fmt.Sprintf("pods: every source is inside the cluster CIDR %v, so neither kube-proxy's rules nor xdproxy masquerade", topo.PodCIDR),
+		TCPFeed: TCPFeed,
 	}
-	if cfg.XDProxyBin != "" {
-		r.XDProxy = "the xdproxy binary (" + cfg.XDProxyBin + " run --config, services from a kubectl-style file) in the node namespace, workers pinned to the forwarding CPU by its config, AF_XDP copy mode, 64-frame batches, conntrack capacity 1M"
+	r.XDProxy = strings.TrimSpace(cmdOut(cfg.XDProxyBin, "version")) + ": " + r.XDProxy
+	for _, f := range cfg.Feeds {
+		r.Feeds = append(r.Feeds, report.Feed{Name: string(f), Description: f.Describe(cfg.Plan)})
 	}
 	r.Kernel = strings.TrimSpace(cmdOut("uname", "-r"))
 	r.LoadAvg = strings.Join(strings.Fields(readFile("/proc/loadavg"))[:3], " ")
 	r.IPTables = strings.TrimSpace(cmdOut(cfg.IPTablesRestore, "--version"))
 	r.NFT = strings.TrimSpace(cmdOut("nft", "--version"))
 
-	var vs []variant
+	var gs []group
 	if cfg.Packet {
-		vs = cfg.variants()
+		gs = cfg.groups()
 	}
 	kubeRan := false
-	var ceiling float64
-	for i, v := range vs {
-		if report.IsKubeProxy(v.path) && cfg.KubeBinsErr != nil {
-			r.Notes = append(r.Notes, fmt.Sprintf("skipped: %s, %d services: %v", v.path, v.services, cfg.KubeBinsErr))
-			cfg.Log.Printf("[%d/%d] %s, %d services: skipped: %v", i+1, len(vs), v.path, v.services, cfg.KubeBinsErr)
+	ceilings := map[feed.Kind]float64{}
+	for i, g := range gs {
+		var run group
+		for _, v := range g {
+			if report.IsKubeProxy(v.path) && cfg.KubeBinsErr != nil {
+				r.Notes = append(r.Notes, fmt.Sprintf("skipped: %s feed, %s, %d services: %v", v.feed, v.path, v.services, cfg.KubeBinsErr))
+				cfg.Log.Printf("[%d/%d] %s feed, %s, %d services: skipped: %v", i+1, len(gs), v.feed, v.path, v.services, cfg.KubeBinsErr)
+				continue
+			}
+			kubeRan = kubeRan || report.IsKubeProxy(v.path)
+			run = append(run, v)
+		}
+		if len(run) == 0 {
 			continue
 		}
-		kubeRan = kubeRan || report.IsKubeProxy(v.path)
-		if cfg.Profile && cfg.XDProxyBin == "" && v.path == report.PathXDProxy && v.services == cfg.Services[len(cfg.Services)-1] {
-			r.Profile = "xdproxy.cpu.pprof"
-			cfg.profileNext = filepath.Join(cfg.OutDir, r.Profile)
+		cfg.Log.Printf("[%d/%d] %s", i+1, len(gs), run)
+		if n := waitQuiet(cfg); n != "" {
+			r.Notes = append(r.Notes, fmt.Sprintf("%v: %s", run, n))
 		}
-		cfg.Log.Printf("[%d/%d] %s, %d services, flows %v", i+1, len(vs), v.path, v.services, v.flows)
-		results, gens, err := runPacket(cfg, v, ceiling)
-		if v.path == report.PathLimit {
-			if err != nil {
-				return r, fmt.Errorf("%s: %w", v.path, err) // without the generator's ceiling nothing else can run
+		out := runGroup(cfg, run, ceilings[run[0].feed])
+		if run[0].path == report.PathLimit {
+			if len(out.gens) == 0 {
+				return r, fmt.Errorf("%s feed, %s: %w", run[0].feed, run[0].path, errors.Join(out.errs...)) // without the generator's ceiling nothing else can run
 			}
-			r.Generators = gens
-			for _, g := range gens {
-				if g.Mode == "afxdp" {
-					ceiling = g.Pps
-				}
-			}
+			r.Generators = append(r.Generators, out.gens...)
+			ceilings[run[0].feed] = out.gens[len(out.gens)-1].Pps
 		}
-		for _, res := range results {
-			cfg.Log.Printf("    %d flows: zero-loss %.0f pps (at generator limit: %v), cost %.0f ns/pkt, setup %v",
-				res.Flows, res.ZeroLoss, res.AtGenLimit, res.CostNs, res.Setup.Round(time.Millisecond))
+		for _, res := range out.results {
+			cfg.Log.Printf("    %s, %d services, %s: %.0f ns/pkt (loss %.2f%%), zero-loss %.0f pps (at generator limit: %v), setup %v",
+				res.Path, res.Services, res.Label(), res.CostNs, res.CostLoss*100, res.ZeroLoss, res.AtGenLimit, res.Setup.Round(time.Millisecond))
 			r.Packet = append(r.Packet, res)
 		}
-		if err != nil {
-			if v.path == report.PathXDProxy && r.Profile != "" && cfg.profileNext == "" && len(results) == 0 {
-				r.Profile = "" // the profiled process never ran
-			}
-			cfg.profileNext = ""
-			err = fmt.Errorf("%s, %d services: %w", v.path, v.services, err)
+		r.Profiles = append(r.Profiles, out.profiles...)
+		for _, err := range out.errs {
 			cfg.Log.Printf("    FAILED: %v", err)
 			r.Notes = append(r.Notes, "not measured: "+err.Error())
 		}
 	}
-	if cfg.Profile && cfg.XDProxyBin != "" && cfg.Packet {
-		profileEngine(cfg, r, ceiling)
-	}
 	if cfg.TCP {
 		for _, s := range cfg.TCPServices {
-			for _, p := range append([]string{report.PathIPTables, report.PathNFTables, report.PathXDProxy}, kubeProxyPaths...) {
-				if len(cfg.Only) > 0 && !slices.Contains(cfg.Only, p) {
-					continue
-				}
+			for _, p := range cfg.tcpPaths(s) {
 				if report.IsKubeProxy(p) {
-					if !cfg.runsKubeProxy(p, s) {
-						continue
-					}
 					if cfg.KubeBinsErr != nil {
 						r.Notes = append(r.Notes, fmt.Sprintf("skipped: TCP %s, %d services: %v", p, s, cfg.KubeBinsErr))
 						continue
@@ -246,44 +314,6 @@ func Run(cfg *Config) (*report.Run, error) {
 	return r, nil
 }
 
-// PathProfiled names the extra measurement of the dataplane engine run by
-// the dataplane subcommand under the CPU profiler, when the main xdproxy
-// figures come from the binary (which has no profiler).
-const PathProfiled = "xdproxy-engine-profiled"
-
-// profileEngine measures xdproxy once more with the engine in the
-// dataplane subcommand, which writes a CPU profile, at the most services
-// the binary managed and the most flows.
-func profileEngine(cfg *Config, r *report.Run, ceiling float64) {
-	services := 0
-	for _, p := range r.Packet {
-		if p.Path == report.PathXDProxy {
-			services = max(services, p.Services)
-		}
-	}
-	if services == 0 || ceiling <= 0 {
-		return
-	}
-	bin := cfg.XDProxyBin
-	cfg.XDProxyBin = ""
-	defer func() { cfg.XDProxyBin = bin }()
-	r.Profile = "xdproxy.cpu.pprof"
-	cfg.profileNext = filepath.Join(cfg.OutDir, r.Profile)
-	v := variant{report.PathXDProxy, services, []int{cfg.Flows[len(cfg.Flows)-1]}}
-	cfg.Log.Printf("[profile] the engine under the profiler, %d services, flows %v", v.services, v.flows)
-	results, _, err := runPacket(cfg, v, ceiling)
-	if err != nil {
-		r.Profile = ""
-		r.Notes = append(r.Notes, "profiled engine run failed: "+err.Error())
-		return
-	}
-	for _, res := range results {
-		res.Path = PathProfiled
-		cfg.Log.Printf("    %d flows: zero-loss %.0f pps, cost %.0f ns/pkt", res.Flows, res.ZeroLoss, res.CostNs)
-		r.Packet = append(r.Packet, res)
-	}
-}
-
 func cmdOut(name string, args ...string) string {
 	out, err := exec.Command(name, args...).CombinedOutput()
 	if err != nil {
@@ -297,124 +327,277 @@ func readFile(p string) string {
 	return string(b) + "  -  -  -"
 }
 
-// runPacket sets up one variant and measures each of its flow counts.
-// ceiling is the generator's AF_XDP ceiling (0 before the limit variant
-// has measured it).
-func runPacket(cfg *Config, v variant, ceiling float64) (out []report.Packet, gens []report.Generator, err error) {
-	e, err := newEnv(cfg, v.path, v.services, v.flows[0], kernelrules.UDP)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer func() {
-		if c := e.stopXDProxy(); c != "" && len(out) > 0 {
-			out[len(out)-1].Note = strings.TrimSpace(out[len(out)-1].Note + " " + c + " (whole setup)")
-		}
-		err = errors.Join(err, e.close())
-	}()
-	for _, flows := range v.flows {
-		e.aim(v.services, flows)
-		res, g, err := measure(cfg, e, v.path, v.services, flows, ceiling)
-		if err != nil {
-			return out, gens, fmt.Errorf("%d flows: %w", flows, err)
-		}
-		if len(g) > 0 {
-			gens = g
-			ceiling = g[0].Pps
-		}
-		out = append(out, res)
-	}
-	return out, gens, nil
+func (v variant) String() string {
+	return fmt.Sprintf("%s feed, %s, %d services", v.feed, v.path, v.services)
 }
 
-// measure runs the warm-up, the cost runs and the zero-loss search of one
-// flow count on a live setup.
-func measure(cfg *Config, e *env, path string, services, flows int, ceiling float64) (res report.Packet, gens []report.Generator, err error) {
-	res = report.Packet{Path: path, Services: services, Flows: flows, Setup: e.setup, Note: e.note}
+func (g group) String() string {
+	var ps []string
+	for _, v := range g {
+		ps = append(ps, fmt.Sprintf("%s at %d", v.path, v.services))
+	}
+	return fmt.Sprintf("%s feed: %s", g[0].feed, strings.Join(ps, ", "))
+}
 
-	if path == report.PathLimit {
-		// The generators' own ceilings, straight into the XDP_DROP sink
-		// on the forwarding CPU.
-		m, err := e.trial("afxdp", 0, cfg.Trial, flows)
-		if err != nil {
-			return res, nil, err
+// packetOut is what one group measured.
+type packetOut struct {
+	results  []report.Packet
+	gens     []report.Generator
+	profiles []report.Profile
+	errs     []error
+}
+
+// member is one variant of a group while it is measured.
+type member struct {
+	variant
+	e   *env
+	res report.Packet
+	// The cost runs of the current traffic, how many were done again
+	// because other work held the forwarding CPU, and how many were still
+	// disturbed after the last try.
+	costs, cpus, losses, feedLosses []float64
+	redone, disturbed               int
+}
+
+// runGroup sets up a group's variants and measures each traffic pattern
+// on them, interleaving their cost runs. ceiling is the generator's
+// ceiling on the group's feed (0 before the limit has measured it). A
+// variant that fails is reported in errs and leaves the group; the others
+// go on.
+func runGroup(cfg *Config, g group, ceiling float64) (out packetOut) {
+	var ms []*member
+	fail := func(m *member, tr *Traffic, err error) {
+		if tr != nil {
+			err = fmt.Errorf("%v: %w", *tr, err)
 		}
-		gens = append(gens, report.Generator{Mode: "afxdp", Pps: m.point.Sent, Into: "XDP_DROP sink on n0 (forwarding CPU)"})
-		ceiling = m.point.Sent
-		cfg.Log.Printf("    generator ceiling afxdp %.0f pps (received %.0f)", m.point.Sent, m.point.Received)
-		pm, err := e.trial("prog-run", 0, cfg.Trial, flows)
+		out.errs = append(out.errs, fmt.Errorf("%v: %w", m.variant, err))
+		if c := m.e.stopXDProxy(); c != "" {
+			out.errs[len(out.errs)-1] = fmt.Errorf("%w (%s)", out.errs[len(out.errs)-1], c)
+		}
+		if err := m.e.close(); err != nil {
+			out.errs = append(out.errs, fmt.Errorf("%v: %w", m.variant, err))
+		}
+		m.e = nil
+	}
+	for _, v := range g {
+		e, err := newEnv(cfg, v.feed, v.path, v.services, kernelrules.UDP)
 		if err != nil {
-			cfg.Log.Printf("    prog-run generator failed: %v", err)
-		} else {
-			gens = append(gens, report.Generator{Mode: "prog-run (bursty)", Pps: pm.point.Sent, Into: fmt.Sprintf("XDP_DROP sink on n0 (received %.0f pps, loss %.1f%%, %.0f ns/pkt)", pm.point.Received, pm.point.Loss()*100, pm.costNs)})
-			cfg.Log.Printf("    generator ceiling prog-run %.0f pps (received %.0f, %.0f ns/pkt)", pm.point.Sent, pm.point.Received, pm.costNs)
-			res.Note = fmt.Sprintf("fed with AF_XDP-sent skbs, which a veth must copy into an XDP buffer; fed with XDP frames (prog-run) the same sink dropped %.0f pps at %.0f ns/pkt", pm.point.Received, pm.costNs)
+			out.errs = append(out.errs, fmt.Errorf("%v: %w", v, err))
+			continue
+		}
+		ms = append(ms, &member{variant: v, e: e})
+	}
+	live := func() []*member {
+		var l []*member
+		for _, m := range ms {
+			if m.e != nil {
+				l = append(l, m)
+			}
+		}
+		return l
+	}
+	defer func() {
+		for _, m := range live() {
+			if c := m.e.stopXDProxy(); c != "" {
+				for i := len(out.results) - 1; i >= 0; i-- {
+					if r := &out.results[i]; r.Path == m.path && r.Services == m.services {
+						r.Note = strings.TrimSpace(r.Note + " " + c + " (whole setup)")
+						break
+					}
+				}
+			}
+			if err := m.e.close(); err != nil {
+				out.errs = append(out.errs, fmt.Errorf("%v: %w", m.variant, err))
+			}
+		}
+	}()
+	traffic := cfg.Traffic
+	if len(g) == 1 && g[0].path == report.PathLimit {
+		traffic = traffic[:1] // the sink drops every frame alike
+	}
+	for _, tr := range traffic {
+		for _, m := range live() {
+			m.e.aim(m.services, tr)
+			m.res = report.Packet{Feed: string(m.feed), Path: m.path, Services: m.services, Traffic: tr.Name(), Flows: tr.Flows,
+				Setup: m.e.setup, Note: m.e.note, FeedLoss: -1}
+			m.costs, m.cpus, m.losses, m.feedLosses, m.redone, m.disturbed = nil, nil, nil, nil, 0, 0
+			if m.path == report.PathLimit && ceiling <= 0 {
+				// The generator's ceiling, straight into the XDP_DROP
+				// sink on n0.
+				t, err := m.e.trial(0, cfg.Trial, tr)
+				if err != nil {
+					fail(m, &tr, err)
+					continue
+				}
+				ceiling = t.point.Sent
+				out.gens = append(out.gens, report.Generator{Feed: string(m.feed), Mode: "afxdp", Pps: ceiling,
+					Into: fmt.Sprintf("XDP_DROP sink on n0 (forwarding CPU), %v; received %.0f pps", tr, t.point.Received)})
+				cfg.Log.Printf("    generator ceiling %.0f pps (received %.0f)", t.point.Sent, t.point.Received)
+			}
+		}
+		if ceiling <= 0 {
+			for _, m := range live() {
+				fail(m, &tr, errors.New("no generator ceiling measured"))
+			}
+			return out
+		}
+		costRate := cfg.CostRate
+		if costRate <= 0 {
+			costRate = min(200_000, 0.5*ceiling)
+		}
+		for _, m := range live() {
+			err := warmUp(cfg, m, tr, costRate, ceiling)
+			if err == nil && m.e.xdproxy != nil {
+				err = m.e.xdproxy.checkMode(m.path)
+			}
+			if err != nil {
+				fail(m, &tr, err)
+			}
+		}
+		// The cost runs, round the group. A run during which other work
+		// held the forwarding CPU is done again, up to Redos times.
+		for range cfg.CostRuns {
+			for _, m := range live() {
+				var t measurement
+				var err error
+				for try := 0; ; try++ {
+					if t, err = m.e.trial(costRate, cfg.Trial, tr); err != nil || t.otherShare <= cfg.RedoOther || try >= cfg.Redos {
+						break
+					}
+					m.redone++
+				}
+				if err != nil {
+					fail(m, &tr, err)
+					continue
+				}
+				if t.otherShare > cfg.RedoOther {
+					m.disturbed++
+				}
+				m.costs, m.cpus, m.losses = append(m.costs, t.costNs), append(m.cpus, t.cpuNs), append(m.losses, t.point.Loss())
+				if t.feedLoss >= 0 {
+					m.feedLosses = append(m.feedLosses, t.feedLoss)
+				}
+			}
+		}
+		for _, m := range live() {
+			res := &m.res
+			res.CostRate = costRate
+			res.CostRuns, res.CostNs, res.CPUNs, res.CostLoss = m.costs, search.Median(m.costs), search.Median(m.cpus), search.Median(m.losses)
+			if len(m.feedLosses) == len(m.costs) {
+				res.FeedLoss = search.Median(m.feedLosses)
+			}
+			if m.redone > 0 {
+				res.Note = strings.TrimSpace(fmt.Sprintf("%s %d cost runs were done again because other work held the forwarding CPU for more than %.0f%% of them; %d of the %d kept were still disturbed.",
+					res.Note, m.redone, cfg.RedoOther*100, m.disturbed, len(m.costs)))
+			}
+			if cfg.Profile && m.path == report.PathXDProxy && m.services == cfg.profileServices() {
+				pr, err := m.e.profileTrial(costRate, tr)
+				if err != nil {
+					res.Note = strings.TrimSpace(res.Note + " No profile: " + err.Error())
+				} else {
+					pr.Of = fmt.Sprintf("%s feed, %s, %d services, %v at %.0f kpps", m.feed, m.path, m.services, tr, costRate/1000)
+					out.profiles = append(out.profiles, pr)
+				}
+			}
+			if err := zeroLoss(cfg, m, tr, ceiling); err != nil {
+				fail(m, &tr, err)
+				continue
+			}
+			out.results = append(out.results, *res)
 		}
 	}
-	if ceiling <= 0 {
-		return res, gens, errors.New("no generator ceiling measured")
+	return out
+}
+
+// waitQuiet waits up to cfg.QuietWait for the machine to be quiet and
+// says how that went when it had to wait ("" otherwise).
+func waitQuiet(cfg *Config) string {
+	if cfg.QuietWait <= 0 {
+		return ""
 	}
-	// Warm up: conntrack and caches see every flow, and a path that
-	// delivers nothing fails here rather than after a search. A path
-	// whose new flows are slow (iptables' linear chain) gets up to
-	// WarmUps trials to establish them; if that is not enough, the cost
-	// runs measure mostly new flows, and the note says so.
-	warm := max(float64(flows)/(cfg.Trial.Seconds()*0.9), 50_000)
-	for i := 1; ; i++ {
-		wm, err := e.trial("afxdp", min(warm, 0.5*ceiling), cfg.Trial, flows)
+	cpus := []int{cfg.Plan.GenCPU, cfg.Plan.ForwardCPU}
+	start := time.Now()
+	busy := 0.0
+	for {
+		b, err := MachineBusy(cpus, time.Second)
 		if err != nil {
-			return res, gens, err
+			return ""
 		}
-		if wm.recvPkt == 0 {
-			return res, gens, fmt.Errorf("warm-up: %d sent, nothing arrived at the sink", wm.genRes.Sent)
-		}
-		if wm.point.Loss() < 0.01 {
+		busy = b
+		if busy <= cfg.QuietBusy {
 			break
+		}
+		if time.Since(start) >= cfg.QuietWait {
+			cfg.Log.Printf("    the machine is still %.0f%% busy with other work after %v; measuring anyway", busy*100, cfg.QuietWait)
+			return fmt.Sprintf("started while other work kept the machine %.0f%% busy (waited %v for it to calm down)", busy*100, cfg.QuietWait)
+		}
+	}
+	if waited := time.Since(start); waited > 2*time.Second {
+		cfg.Log.Printf("    waited %v for other work to calm down", waited.Round(time.Second))
+	}
+	return ""
+}
+
+// warmUp sends before the cost runs. Long flows: conntrack and caches see
+// every flow, and a path that delivers nothing fails here rather than
+// after a search; a path whose new flows are slow (iptables' linear chain)
+// gets up to WarmUps trials to establish them, and if that is not enough
+// the note says the cost runs measure mostly new flows. New flows: one
+// trial at the cost rate.
+func warmUp(cfg *Config, m *member, tr Traffic, costRate, ceiling float64) error {
+	for i := 1; ; i++ {
+		rate := min(max(float64(tr.Flows)/(cfg.Trial.Seconds()*0.9), 50_000), 0.5*ceiling)
+		if tr.New {
+			rate = costRate
+		}
+		t, err := m.e.trial(rate, cfg.Trial, tr)
+		if err != nil {
+			return err
+		}
+		if t.recvPkt == 0 {
+			return fmt.Errorf("warm-up: %d sent, nothing arrived at the sink", t.genRes.Sent)
+		}
+		if tr.New || t.point.Loss() < 0.01 {
+			return nil
 		}
 		if i >= cfg.WarmUps {
-			res.Note = strings.TrimSpace(fmt.Sprintf("%s After %d warm-up trials %.0f%% of packets were still lost: the flows were not all established, so the cost runs measure mostly new flows.", res.Note, i, wm.point.Loss()*100))
-			break
+			m.res.Note = strings.TrimSpace(fmt.Sprintf("%s After %d warm-up trials %.0f%% of packets were still lost: the flows were not all established, so the cost runs measure mostly new flows.", m.res.Note, i, t.point.Loss()*100))
+			return nil
 		}
 	}
-	costRate := cfg.CostRate
-	if costRate <= 0 {
-		costRate = min(200_000, 0.5*ceiling)
-	}
-	res.CostRate = costRate
-	var costs, cpus, losses []float64
-	for range cfg.CostRuns {
-		m, err := e.trial("afxdp", costRate, cfg.Trial, flows)
-		if err != nil {
-			return res, gens, err
-		}
-		costs = append(costs, m.costNs)
-		cpus = append(cpus, m.cpuNs)
-		losses = append(losses, m.point.Loss())
-	}
-	res.CostRuns, res.CostNs, res.CPUNs, res.CostLoss = costs, search.Median(costs), search.Median(cpus), search.Median(losses)
+}
 
+// zeroLoss runs the zero-loss search and the extra curve points of one
+// member.
+func zeroLoss(cfg *Config, m *member, tr Traffic, ceiling float64) error {
 	sr, err := search.ZeroLoss(search.Options{
 		Max: 0.97 * ceiling, Min: 10_000, LossTolerance: cfg.Tolerance, Resolution: 0.05, MaxTrials: cfg.SearchTrials, Retries: 1,
 	}, func(rate float64) (search.Point, error) {
-		m, err := e.trial("afxdp", rate, cfg.Trial, flows)
-		return m.point, err
+		t, err := m.e.trial(rate, cfg.Trial, tr)
+		return t.point, err
 	})
 	if err != nil {
-		return res, gens, err
+		return err
 	}
-	res.ZeroLoss, res.AtGenLimit, res.Curve = sr.Throughput, sr.AtMax, sr.Points
+	m.res.ZeroLoss, m.res.AtGenLimit, m.res.Curve = sr.Throughput, sr.AtMax, sr.Points
 	if cfg.CurvePoints > 0 {
 		var rates []float64
 		for i := 1; i <= cfg.CurvePoints; i++ {
 			rates = append(rates, 0.97*ceiling*float64(i)/float64(cfg.CurvePoints))
 		}
 		pts, err := search.Curve(rates, func(rate float64) (search.Point, error) {
-			m, err := e.trial("afxdp", rate, cfg.Trial, flows)
-			return m.point, err
+			t, err := m.e.trial(rate, cfg.Trial, tr)
+			return t.point, err
 		})
 		if err != nil {
-			return res, gens, err
+			return err
 		}
-		res.Curve = append(res.Curve, pts...)
+		m.res.Curve = append(m.res.Curve, pts...)
 	}
-	return res, gens, nil
+	return nil
+}
+
+// profileName is the file name of the profile of a feed and traffic.
+func profileName(f feed.Kind, tr Traffic) string {
+	return filepath.Base(fmt.Sprintf("xdproxy.%s.%s.cpu.pprof", f, tr.Name()))
 }

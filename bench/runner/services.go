@@ -5,8 +5,6 @@ import (
 
 	"github.com/xdproxy/xdproxy/bench/kernelrules"
 	"github.com/xdproxy/xdproxy/bench/topo"
-	"github.com/xdproxy/xdproxy/dataplane/service"
-	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
 // Ports of the benchmark's services and endpoints.
@@ -40,27 +38,4 @@ func Services(n int, proto kernelrules.Proto) kernelrules.ServiceSet {
 		Count: n, Proto: proto, VIPBase: VIPBase, BasePort: port, Endpoints: eps,
 		ClusterCIDR: topo.PodCIDR, ServiceCIDR: topo.ServiceCIDR,
 	}
-}
-
-// Model turns a ServiceSet into xdproxy's service model.
-func Model(s kernelrules.ServiceSet) *service.Model {
-	proto := packet.ProtoUDP
-	if s.Proto == kernelrules.TCP {
-		proto = packet.ProtoTCP
-	}
-	m := &service.Model{Node: service.Node{Name: "bench-node"}, Ports: make([]service.ServicePort, 0, s.Count)}
-	eps := make([]service.Endpoint, 0, len(s.Endpoints))
-	for _, ep := range s.Endpoints {
-		eps = append(eps, service.Endpoint{Addr: packet.AddrFromNetip(ep.Addr()), Port: ep.Port(), Ready: true, Serving: true, NodeName: "bench-node"})
-	}
-	for i := range s.Count {
-		m.Ports = append(m.Ports, service.ServicePort{
-			Name:       service.PortName{Namespace: s.NS(), Name: s.Name(i), Port: "p"},
-			Proto:      proto,
-			ClusterIPs: []packet.Addr{packet.AddrFromNetip(s.VIP(i))},
-			Port:       s.Port(i),
-			Endpoints:  eps,
-		})
-	}
-	return m
 }

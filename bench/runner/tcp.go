@@ -1,7 +1,6 @@
 package runner
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -17,14 +16,16 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/xdproxy/xdproxy/bench/feed"
 	"github.com/xdproxy/xdproxy/bench/kernelrules"
 	"github.com/xdproxy/xdproxy/bench/report"
 	"github.com/xdproxy/xdproxy/bench/tcpbench"
 	"github.com/xdproxy/xdproxy/bench/topo"
+	"github.com/xdproxy/xdproxy/internal/testbed"
 )
 
 // ServeTCP listens on every address and serves tcpbench requests until
-// SIGTERM; it prints ReadyLine once listening.
+// SIGTERM.
 func ServeTCP(addrs []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -36,7 +37,6 @@ func ServeTCP(addrs []string) error {
 		}
 		go func() { errc <- tcpbench.Serve(ctx, ln) }()
 	}
-	fmt.Println(ReadyLine)
 	select {
 	case <-ctx.Done():
 		return nil
@@ -60,7 +60,7 @@ func ClientTCP(o tcpbench.Options) error {
 // generator CPU.
 func runTCP(cfg *Config, path string, services int) (res report.TCP, err error) {
 	res = report.TCP{Path: path, Services: services, Concurrency: cfg.TCPConcurrency, Bucket: tcpbench.HistogramBucket}
-	e, err := newEnv(cfg, path, services, 1, kernelrules.TCP)
+	e, err := newEnv(cfg, feed.Pod, path, services, kernelrules.TCP)
 	if err != nil {
 		return res, err
 	}
@@ -74,25 +74,26 @@ func runTCP(cfg *Config, path string, services int) (res report.TCP, err error) 
 		listen = append(listen, netip.AddrPortFrom(a, TCPEndpointPort).String())
 	}
 	srv := exec.Command("ip", "netns", "exec", e.t.Sink, "taskset", "-c", cpu, cfg.Self, "tcp-server", "--listen", strings.Join(listen, ","))
-	var srvErr bytes.Buffer
-	srv.Stderr = &srvErr
-	out, err := srv.StdoutPipe()
-	if err != nil {
-		return res, err
-	}
+	srvErr := &tailBuffer{max: 4096}
+	srv.Stderr = srvErr
 	if err := srv.Start(); err != nil {
 		return res, err
 	}
+	exited := make(chan struct{})
+	go func() {
+		_ = srv.Wait()
+		close(exited)
+	}()
 	e.closers = append(e.closers, func() error {
 		_ = srv.Process.Signal(syscall.SIGTERM)
-		_ = srv.Wait()
+		<-exited
 		return nil
 	})
-	line, _ := bufio.NewReader(out).ReadString('\n')
-	if !strings.HasPrefix(line, ReadyLine) {
-		return res, fmt.Errorf("tcp-server did not start: %s", srvErr.String())
+	if err := waitListening(e.t.Sink, listen, exited, 10*time.Second); err != nil {
+		return res, fmt.Errorf("tcp-server: %w: %s", err, srvErr.String())
 	}
-	target := netip.AddrPortFrom(e.dst, e.dport).String()
+	// The last service: the one iptables' linear chain reaches last.
+	target := netip.AddrPortFrom(e.set.VIP(e.set.Count-1), e.set.Port(e.set.Count-1)).String()
 	client := func(d time.Duration) (tcpbench.Result, error) {
 		cmd := exec.Command("ip", "netns", "exec", e.t.Gen, "taskset", "-c", cpu, cfg.Self, "tcp-client",
 			"--target", target, "--duration", d.String(), "--concurrency", strconv.Itoa(cfg.TCPConcurrency))
@@ -136,4 +137,34 @@ func runTCP(cfg *Config, path string, services int) (res report.TCP, err error) 
 		res.Note = "first error: " + r.FirstErr
 	}
 	return res, nil
+}
+
+// waitListening dials every address from inside ns until all accept a
+// connection.
+func waitListening(ns string, addrs []string, exited <-chan struct{}, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for _, a := range addrs {
+		for {
+			select {
+			case <-exited:
+				return errors.New("exited")
+			default:
+			}
+			err := testbed.DoIn(ns, func() error {
+				c, err := net.DialTimeout("tcp", a, 200*time.Millisecond)
+				if err == nil {
+					c.Close()
+				}
+				return err
+			})
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("not listening on %s after %v: %w", a, timeout, err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	return nil
 }

@@ -23,12 +23,18 @@ import (
 	"github.com/xdproxy/xdproxy/internal/testbed"
 )
 
-// Interface names.
+// Interface names. FeedTxIface and FeedRedirIface are the generator
+// side's second veth pair, made only with Options.FeedPair (bench/feed's
+// NIC-shaped feed): the generator transmits on FeedTxIface, and an XDP
+// program on FeedRedirIface redirects every frame into GenIface, so that
+// NodeInIface receives XDP frames as from a NIC.
 const (
-	GenIface     = "g0"
-	NodeInIface  = "n0"
-	NodeOutIface = "n1"
-	SinkIface    = "s0"
+	GenIface       = "g0"
+	NodeInIface    = "n0"
+	NodeOutIface   = "n1"
+	SinkIface      = "s0"
+	FeedTxIface    = "gx"
+	FeedRedirIface = "gr"
 )
 
 // Addresses.
@@ -65,13 +71,20 @@ type Topology struct {
 	NodeOutMAC, SinkMAC  net.HardwareAddr
 	GenIndex, SinkIndex  int
 	NodeInIdx, NodeOutIx int
-	closed               bool
+	// FeedTxIndex and FeedRedirIndex are the ifindexes of FeedTxIface and
+	// FeedRedirIface in the generator namespace (0 without FeedPair).
+	FeedTxIndex, FeedRedirIndex int
+	closed                      bool
 }
 
 // Options shape a Topology.
 type Options struct {
 	// Queues per veth; 0 means 1.
 	Queues int
+	// FeedPair adds the veth pair FeedTxIface <-> FeedRedirIface inside
+	// the generator namespace (no addresses: it only carries the
+	// generator's frames to the XDP program that redirects them).
+	FeedPair bool
 }
 
 // New builds the topology; on error nothing is left behind.
@@ -114,6 +127,17 @@ func (t *Topology) build(o Options) error {
 	for _, a := range SinkAddrs {
 		steps = append(steps, []string{"ip", "-n", t.Sink, "addr", "add", a.String() + "/24", "dev", SinkIface})
 	}
+	if o.FeedPair {
+		steps = append(steps,
+			[]string{"ip", "-n", t.Gen, "link", "add", FeedTxIface, "numtxqueues", q, "numrxqueues", q, "type", "veth",
+				"peer", "name", FeedRedirIface, "numtxqueues", q, "numrxqueues", q},
+			// No IPv6 (link-local addresses, router solicitations): the
+			// pair carries the generator's frames and nothing else.
+			[]string{"ip", "netns", "exec", t.Gen, "sysctl", "-q", "-w", "net.ipv6.conf." + FeedTxIface + ".disable_ipv6=1",
+				"net.ipv6.conf." + FeedRedirIface + ".disable_ipv6=1"},
+			[]string{"ip", "-n", t.Gen, "link", "set", FeedTxIface, "up"},
+			[]string{"ip", "-n", t.Gen, "link", "set", FeedRedirIface, "up"})
+	}
 	for _, ns := range []string{t.Gen, t.Node, t.Sink} {
 		steps = append(steps, []string{"ip", "-n", ns, "link", "set", "lo", "up"})
 	}
@@ -145,6 +169,14 @@ func (t *Topology) build(o Options) error {
 	}
 	if t.SinkMAC, t.SinkIndex, err = linkInfo(t.Sink, SinkIface); err != nil {
 		return err
+	}
+	if o.FeedPair {
+		if _, t.FeedTxIndex, err = linkInfo(t.Gen, FeedTxIface); err != nil {
+			return err
+		}
+		if _, t.FeedRedirIndex, err = linkInfo(t.Gen, FeedRedirIface); err != nil {
+			return err
+		}
 	}
 	neigh := [][]string{
 		{"ip", "-n", t.Gen, "neigh", "replace", NodeInAddr.String(), "lladdr", t.NodeInMAC.String(), "dev", GenIface, "nud", "permanent"},

@@ -1,12 +1,14 @@
 // Command xdproxy-bench measures xdproxy against the paths kube-proxy
-// programs into the kernel, on one veth topology, in one run, and writes
-// CSV, a markdown report and PNG plots to <out>/<date>/.
+// programs into the kernel, on one veth topology, side by side in one run,
+// and writes CSV, a markdown report and PNG plots to <out>/<date>/.
 //
 //	xdproxy-bench --out bench/results           # full run
-//	xdproxy-bench --quick --out bench/results   # under 3 minutes
+//	xdproxy-bench --quick --out bench/results   # a few minutes
 //
-// It needs root. The subcommands dataplane, tcp-server and tcp-client are
-// the processes it starts inside the topology's namespaces.
+// xdproxy is always the real binary (bin/xdproxy run --config), driven
+// through its config file and admin socket. It needs root. The
+// subcommands tcp-server and tcp-client are the processes it starts inside
+// the topology's namespaces; report renders a results directory again.
 package main
 
 import (
@@ -23,7 +25,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/xdproxy/xdproxy/bench/kernelrules"
+	"github.com/xdproxy/xdproxy/bench/feed"
 	"github.com/xdproxy/xdproxy/bench/kubeproxy"
 	"github.com/xdproxy/xdproxy/bench/report"
 	"github.com/xdproxy/xdproxy/bench/runner"
@@ -38,8 +40,6 @@ func main() {
 	var err error
 	if len(os.Args) > 1 {
 		switch os.Args[1] {
-		case "dataplane":
-			err = dataplaneCmd(os.Args[2:])
 		case "tcp-server":
 			err = tcpServerCmd(os.Args[2:])
 		case "tcp-client":
@@ -81,23 +81,27 @@ func benchCmd(args []string) error {
 	fs := flag.NewFlagSet("xdproxy-bench", flag.ExitOnError)
 	var (
 		out          = fs.String("out", "bench/results", "results go to OUT/<date>/")
-		quick        = fs.Bool("quick", false, "the short run (under 3 minutes): fewer service counts, shorter trials")
-		services     = fs.String("services", "", "service counts (default 1,1000,10000,100000; quick 1,10000)")
-		flows        = fs.String("flows", "1,100000", "flow counts: one flow and many flows")
-		genCPU       = fs.Int("gen-cpu", 0, "CPU of the generator, the sink's receive work, and the TCP client and server")
+		quick        = fs.Bool("quick", false, "the short run (a few minutes): the NIC feed, xdproxy against the nftables shape and the I/O floor at 1 and 1,000 services, shorter trials")
+		feeds        = fs.String("feed", "nic", "how frames reach the node, comma-separated: nic (XDP frames redirected into n0, as from a NIC) and/or pod (skbs from a veth, as from a pod)")
+		services     = fs.String("services", "", "service counts (default 1,1000,10000,100000; quick 1,1000)")
+		traffic      = fs.String("traffic", "1000,new", "traffic patterns: a number of long flows, and/or new (a new flow per packet)")
+		genCPU       = fs.Int("gen-cpu", 0, "CPU of the generator, the feed's redirect, the sink's receive work, and the TCP client and server")
 		fwdCPU       = fs.Int("forward-cpu", 1, "CPU that forwards")
 		trial        = fs.Duration("trial", 0, "length of one trial (default 1s; quick 500ms)")
 		costRate     = fs.Float64("cost-rate", 0, "offered pps of the cost runs (default: min(200k, half the generator ceiling))")
 		size         = fs.Int("size", 64, "frame size including FCS")
 		tcp          = fs.Bool("tcp", true, "run the TCP connection test")
 		packet       = fs.Bool("packet", true, "run the packet-rate tests")
-		profile      = fs.Bool("profile", true, "write a CPU profile of xdproxy at the most services and flows")
+		profile      = fs.Bool("profile", true, "profile the running xdproxy binary under traffic (admin socket /debug/pprof/profile)")
+		profileSvc   = fs.Int("profile-services", 0, "service count of the profiles (default 1000 when measured, else the most)")
 		pktgenBin    = fs.String("pktgen", "", "xdproxy-pktgen binary (default: next to this one)")
+		xdproxyBin   = fs.String("xdproxy", "", "xdproxy binary to measure (default: next to this one)")
 		nice         = fs.Int("nice", -10, "nice value of the generator, the forwarding threads and xdproxy")
 		rulesTimeout = fs.Duration("rules-timeout", 3*time.Minute, "give up on a ruleset that takes longer than this to load")
 		only         = fs.String("only", "", "measure only these paths (comma-separated; the limit always runs first)")
 		verbose      = fs.Bool("v", false, "log every trial")
-		xdproxyBin   = fs.String("xdproxy", "auto", "xdproxy binary to measure; auto: the one next to this program if present; none: the engine run by the dataplane subcommand (with --profile, that engine is also run once under the profiler)")
+		quietWait    = fs.Duration("quiet-wait", 0, "before each group of paths, wait up to this long for other work on the machine to calm down (default 2m; quick 20s; negative: never wait)")
+		redos        = fs.Int("redos", 2, "repeat a cost run up to this many times when other work held the forwarding CPU for more than 25% of it")
 		iptables     = fs.String("iptables-restore", "iptables-restore", "iptables-restore binary (iptables-legacy-restore for the legacy backend)")
 		kubeBin      = fs.String("kube-bin", "", "directory holding etcd, kube-apiserver and kube-proxy for the real kube-proxy paths (default: build/kube/bin of the repository, from make kube-tools)")
 	)
@@ -114,17 +118,13 @@ func benchCmd(args []string) error {
 	if *pktgenBin == "" {
 		*pktgenBin = filepath.Join(filepath.Dir(self), "xdproxy-pktgen")
 	}
-	switch *xdproxyBin {
-	case "auto":
+	if *xdproxyBin == "" {
 		*xdproxyBin = filepath.Join(filepath.Dir(self), "xdproxy")
-		if _, err := os.Stat(*xdproxyBin); err != nil {
-			*xdproxyBin = ""
-		}
-	case "none":
-		*xdproxyBin = ""
 	}
-	if _, err := os.Stat(*pktgenBin); err != nil {
-		return fmt.Errorf("generator: %w (run make build)", err)
+	for _, b := range []string{*pktgenBin, *xdproxyBin} {
+		if _, err := os.Stat(b); err != nil {
+			return fmt.Errorf("%w (run make build)", err)
+		}
 	}
 	for _, tool := range []string{"ip", "ethtool", "nft", "taskset", *iptables} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -142,17 +142,22 @@ func benchCmd(args []string) error {
 	kubeBins, kubeErr := kubeproxy.FindBinaries()
 	cfg := &runner.Config{
 		Quick: *quick, Plan: topo.Plan{GenCPU: *genCPU, ForwardCPU: *fwdCPU},
-		Trial: time.Second, CostRuns: 5, SearchTrials: 7, CurvePoints: 5, WarmUps: 5, CostRate: *costRate,
+		Trial: time.Second, CostRuns: 5, SearchTrials: 7, CurvePoints: 3, WarmUps: 5, CostRate: *costRate,
 		FrameSize: *size, Tolerance: 0.001, Settle: 150 * time.Millisecond,
-		Packet: *packet, TCP: *tcp, TCPServices: []int{1, 10000}, TCPDuration: 3 * time.Second, TCPConcurrency: 8,
-		Self: self, Pktgen: *pktgenBin, IPTablesRestore: *iptables, RulesTimeout: *rulesTimeout, Profile: *profile, Verbose: *verbose, Nice: *nice,
-		Only: splitList(*only), XDProxyBin: *xdproxyBin, KubeBins: kubeBins, KubeBinsErr: kubeErr,
+		Packet: *packet, TCP: *tcp, TCPServices: []int{1, 1000}, TCPDuration: 3 * time.Second, TCPConcurrency: 8,
+		Self: self, Pktgen: *pktgenBin, XDProxyBin: *xdproxyBin, IPTablesRestore: *iptables, RulesTimeout: *rulesTimeout,
+		Profile: *profile, ProfileServices: *profileSvc, ProfileTrial: 3 * time.Second, Verbose: *verbose, Nice: *nice,
+		Only: splitList(*only), KubeBins: kubeBins, KubeBinsErr: kubeErr,
+		QuietWait: 2 * time.Minute, QuietBusy: 0.3, Redos: *redos, RedoOther: 0.25,
 	}
 	svc := "1,1000,10000,100000"
 	if *quick {
-		svc = "1,10000"
+		svc = "1,1000"
 		cfg.Trial, cfg.CostRuns, cfg.SearchTrials, cfg.CurvePoints, cfg.WarmUps = 500*time.Millisecond, 3, 5, 0, 2
-		cfg.TCPServices, cfg.TCPDuration = []int{1}, 2*time.Second
+		cfg.TCPServices, cfg.TCPDuration, cfg.ProfileTrial, cfg.QuietWait = []int{1}, 2*time.Second, 2*time.Second, 20*time.Second
+	}
+	if *quietWait != 0 {
+		cfg.QuietWait = max(*quietWait, 0)
 	}
 	if *services != "" {
 		svc = *services
@@ -163,7 +168,10 @@ func benchCmd(args []string) error {
 	if cfg.Services, err = ints(svc); err != nil {
 		return err
 	}
-	if cfg.Flows, err = ints(*flows); err != nil {
+	if cfg.Traffic, err = runner.ParseTraffic(*traffic); err != nil {
+		return err
+	}
+	if cfg.Feeds, err = feed.ParseList(*feeds); err != nil {
 		return err
 	}
 	dir := filepath.Join(*out, time.Now().UTC().Format("2006-01-02T15-04"))
@@ -203,14 +211,8 @@ func benchCmd(args []string) error {
 	if runErr != nil {
 		r.Notes = append(r.Notes, "the run stopped early: "+runErr.Error())
 	}
-	if r.Profile != "" {
-		top, err := exec.Command("go", "tool", "pprof", "-top", "-nodecount=30", self, filepath.Join(dir, r.Profile)).CombinedOutput()
-		if err != nil {
-			r.Notes = append(r.Notes, fmt.Sprintf("go tool pprof failed (%v): %s", err, top))
-		} else {
-			r.ProfileTop = string(top)
-			_ = os.WriteFile(filepath.Join(dir, "xdproxy.cpu.top.txt"), top, 0o644)
-		}
+	for _, p := range r.Profiles {
+		_ = os.WriteFile(filepath.Join(dir, strings.TrimSuffix(p.File, ".pprof")+".top.txt"), []byte(p.Top), 0o644)
 	}
 	r.Notes = append(r.Notes, notes(r)...)
 	if err := report.WriteCSV(dir, r); err != nil {
@@ -231,10 +233,11 @@ func benchCmd(args []string) error {
 func notes(r *report.Run) []string {
 	return []string{
 		"Trials are short (" + r.Trial + ") compared with RFC 2544's 60 s; each zero-loss figure is one bisection in which a failing trial is repeated once and the rate passes if either passes (other work on this shared machine deschedules the forwarding threads now and then), each cost figure the median of several runs in the same run.",
-		"The generator shares its CPU with the sink's receive work; its AF_XDP ceiling caps every zero-loss search, so paths that reach it are marked 'generator limit' and compared by cost instead.",
-		"Cost per packet (threads) is the run time of the node's NAPI kthreads (pinned to the forwarding CPU) plus, for xdproxy, every thread of its process, divided by packets that reached the sink; it is not disturbed by other work on the machine. throughput.csv also has cpu_ns_per_pkt, /proc/stat busy time of the forwarding CPU per packet: on this VM those tick-sampled counters disagree with the threads' own run time by up to 10x in both directions, so the report does not use them.",
-		"Kernel paths: GRO is on for n0/n1 so that receive work runs in their (threaded, pinned) NAPI instances; TSO is off on g0/s0 for every variant (an XDP program on the peer turns it off anyway).",
-		"Many-flow runs cycle through the flows over and over (after warm-up trials that send each), so most packets hit established connection-tracking entries in both the kernel and xdproxy; new-connection cost is what the TCP test measures. Where a path could not establish the flows during the warm-up (iptables at 10,000 services and more: every new flow walks the KUBE-SERVICES chain), its row's note says so and its cost is that of new flows.",
+		"The generator shares its CPU with the feed's redirect and the sink's receive work; its AF_XDP ceiling caps every zero-loss search, so paths that reach it are marked 'generator limit' and compared by CPU per packet instead. 'Lost before the node' is the share of sent frames that n0 never took off its ring (veth's rx_queue_0_xdp_packets): loss on the generator's side, not the path's.",
+		"CPU per packet is the run time of the node's NAPI kthreads (pinned to the forwarding CPU) plus, for xdproxy, every thread of its process (Go runtime and control plane included, wherever they ran), divided by packets that reached the sink; it is not disturbed by other work on the machine. throughput.csv also has cpu_ns_per_pkt, /proc/stat busy time of the forwarding CPU per packet: on this VM those tick-sampled counters disagree with the threads' own run time by up to 10x in both directions, so the report does not use them.",
+		"Busy poll: xdproxy's workers (n0, n1 and the exception link's) spin on the forwarding CPU, which they share with n0's and n1's NAPI kthreads; its CPU per packet is the whole core's time divided by the packets, so it only falls as the rate rises.",
+		"Kernel paths: GRO is on for n0/n1 so that receive work runs in their (threaded, pinned) NAPI instances, and with the NIC feed n0 runs an XDP_PASS program (a veth takes redirected frames only while its peer has NAPI); TSO is off on g0/s0 for every variant.",
+		"Long flows are sent over and over after warm-up trials that send each, so their packets hit established connection-tracking entries in both the kernel and xdproxy. With a new flow per packet the generator walks a space of 12.9M flows (every source port of 200 pod addresses) across the trials of a variant without repeating one, so every packet creates an entry: the kernel's nf_conntrack_max (262144 here, global) fills within seconds and it evicts unreplied entries to make room, as xdproxy does at its 1M capacity. Where a path could not establish the long flows during the warm-up, its row's note says so.",
 	}
 }
 
@@ -262,18 +265,6 @@ func reportCmd(args []string) error {
 		return err
 	}
 	return report.WriteMarkdown(*dir, &r, plots)
-}
-
-func dataplaneCmd(args []string) error {
-	fs := flag.NewFlagSet("dataplane", flag.ExitOnError)
-	services := fs.Int("services", 1, "number of services")
-	proto := fs.String("proto", "udp", "udp or tcp")
-	cpu := fs.Int("cpu", -1, "worker CPU")
-	prof := fs.String("cpuprofile", "", "write a CPU profile here")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	return runner.RunDataplane(runner.DataplaneOptions{Services: *services, Proto: kernelrules.Proto(*proto), CPU: *cpu, CPUProfile: *prof})
 }
 
 func tcpServerCmd(args []string) error {

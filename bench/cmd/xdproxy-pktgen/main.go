@@ -62,6 +62,8 @@ func run() error {
 		dsts     = flag.Int("dsts", 1, "spread flows over this many consecutive destination addresses")
 		dport    = flag.Uint("dport", 80, "destination port")
 		dstMAC   = flag.String("dst-mac", "", "next hop MAC; default: the neighbour entry of the route to --dst")
+		srcMAC   = flag.String("src-mac", "", "source MAC; default: --dev's (set it when --dev only feeds another interface, as bench/feed's NIC feed does)")
+		seq      = flag.Uint64("seq", 0, "sequence number of the first packet: packet i carries flow (seq+i) % flows (afxdp mode)")
 		cpu      = flag.Int("cpu", -1, "pin the sending thread to this CPU")
 		sinkNS   = flag.String("sink-netns", "", "namespace of the sink interface (empty: this one)")
 		sinkDev  = flag.String("sink-dev", "", "attach an XDP counter here and report received packets and loss")
@@ -108,9 +110,15 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	smac := link.Attrs().HardwareAddr
+	if *srcMAC != "" {
+		if smac, err = net.ParseMAC(*srcMAC); err != nil {
+			return fmt.Errorf("--src-mac: %w", err)
+		}
+	}
 	tpl, err := pktgen.NewTemplate(pktgen.FrameSpec{
 		Proto: p, Size: *size, Flows: *flows, Dsts: *dsts, DstPort: uint16(*dport),
-		SrcMAC: link.Attrs().HardwareAddr, DstMAC: next, Src: srcAddr, Dst: dstAddr,
+		SrcMAC: smac, DstMAC: next, Src: srcAddr, Dst: dstAddr,
 	})
 	if err != nil {
 		return err
@@ -164,7 +172,7 @@ func run() error {
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	go func() { <-sigs; close(stop) }()
 
-	res, err := s.Send(pktgen.Budget{Rate: *rate, Duration: *duration, Count: *count}, stop)
+	res, err := s.Send(pktgen.Budget{Rate: *rate, Duration: *duration, Count: *count, Seq: *seq}, stop)
 	if err != nil {
 		return err
 	}
