@@ -83,9 +83,6 @@ func UpdateWord(check, old, new uint16) uint16 {
 	return d.apply(check)
 }
 
-// UpdatePort is UpdateWord for a port or ICMP echo identifier.
-func UpdatePort(check, old, new uint16) uint16 { return UpdateWord(check, old, new) }
-
 // UpdateAddr4 returns checksum check after an IPv4 address it covers
 // (directly or through a pseudo-header) changed from old to new.
 func UpdateAddr4(check uint16, old, new [4]byte) uint16 {

@@ -34,7 +34,7 @@ func (e icmpErrorSpec) build(t testing.TB) []byte {
 	var ls []gopacket.SerializableLayer
 	var nl gopacket.NetworkLayer
 	if e.outerSrc.Is4() {
-		ls, nl = outer.ipLayers(t, packet.ProtoICMP)
+		ls, _ = outer.ipLayers(t, packet.ProtoICMP)
 		ls = append(ls, &layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(e.typ, e.code),
 			Id: uint16(e.rest >> 16), Seq: uint16(e.rest)}, gopacket.Payload(quote))
 	} else {

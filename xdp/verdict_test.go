@@ -35,19 +35,27 @@ var ruleNames = map[rule]string{passed: "passed", parseFailed: "parse_failed", f
 
 func (r rule) String() string { return ruleNames[r] }
 
-// testTables are the tables every verdict case runs against.
-func testTables(t *testing.T, o *Objects) {
+// testFrontends and testVIPs are the frontends and VIP addresses of the
+// tables every verdict case runs against.
+var (
+	testFrontends = func() []Key {
+		a := packet.MustParseAddr
+		return []Key{
+			{a(vip4), 80, packet.ProtoTCP},
+			{a(vip4), 53, packet.ProtoUDP},
+			{a(node4), 30080, packet.ProtoTCP}, // a NodePort
+			{a(vip6), 443, packet.ProtoTCP},
+			{a(vip6), 53, packet.ProtoUDP},
+		}
+	}()
+	testVIPs = []packet.Addr{packet.MustParseAddr(vip4), packet.MustParseAddr(vip6)} // node addresses are no VIPs
+)
+
+// testTables loads the tables every verdict case runs against:
+// testFrontends, testVIPs and testFlows.
+func testTables(t testing.TB, o *Objects) {
 	t.Helper()
-	a := packet.MustParseAddr
-	frontends := []Key{
-		{a(vip4), 80, packet.ProtoTCP},
-		{a(vip4), 53, packet.ProtoUDP},
-		{a(node4), 30080, packet.ProtoTCP}, // a NodePort
-		{a(vip6), 443, packet.ProtoTCP},
-		{a(vip6), 53, packet.ProtoUDP},
-	}
-	vips := []packet.Addr{a(vip4), a(vip6)} // node addresses are no VIPs
-	if err := o.SetTables(frontends, vips); err != nil {
+	if err := o.SetTables(testFrontends, testVIPs); err != nil {
 		t.Fatal(err)
 	}
 	w := o.NewFlowWriter(len(testFlows))
@@ -84,7 +92,7 @@ type verdictCase struct {
 	want  rule
 }
 
-func verdictCases(t *testing.T) []verdictCase {
+func verdictCases(t testing.TB) []verdictCase {
 	tcpTo := func(dst string, dport uint16) []byte { return tcp4(t, client4, 12345, dst, dport) }
 	ip := ip4
 	quoteTCP4 := func(src string, sport uint16, dst string, dport uint16) []byte {
@@ -248,7 +256,7 @@ func verdictCases(t *testing.T) []verdictCase {
 }
 
 // newTestInstance loads the program with the test tables, not attached.
-func newTestInstance(t *testing.T) (*Objects, *Attachment) {
+func newTestInstance(t testing.TB) (*Objects, *Attachment) {
 	t.Helper()
 	requireRoot(t)
 	o, err := Load(Options{MaxFrontends: 64, MaxAddrs: 64, MaxFlows: 64})
@@ -306,7 +314,7 @@ func wantCounters(r rule, socket bool) Counters {
 
 // runFrame runs the program once on frame and returns its verdict and the
 // counter change.
-func runFrame(t *testing.T, o *Objects, a *Attachment, frame []byte) (uint32, Counters) {
+func runFrame(t testing.TB, o *Objects, a *Attachment, frame []byte) (uint32, Counters) {
 	t.Helper()
 	before, err := o.Counters()
 	if err != nil {
@@ -325,7 +333,7 @@ func runFrame(t *testing.T, o *Objects, a *Attachment, frame []byte) (uint32, Co
 
 // xskSocket opens an AF_XDP socket. The XSKMAP accepts it unbound, which
 // is all BPF_PROG_RUN needs: the redirect target is only looked up.
-func xskSocket(t *testing.T) int {
+func xskSocket(t testing.TB) int {
 	t.Helper()
 	fd, err := unix.Socket(unix.AF_XDP, unix.SOCK_RAW, 0)
 	if err != nil {

@@ -113,6 +113,7 @@ func (o *Objects) add(obj runtime.Object) error {
 		}
 		// No API server allocates a cluster IP for a file.
 		if obj.Spec.Type != v1.ServiceTypeExternalName && obj.Spec.ClusterIP == "" && len(obj.Spec.ClusterIPs) == 0 {
+			//lint:ignore ST1005 the message starts with the object's kind, as Kubernetes writes it
 			return fmt.Errorf("Service %s/%s: spec.clusterIP is required in a service file", obj.Namespace, obj.Name)
 		}
 		o.Services = append(o.Services, obj)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/xdproxy/xdproxy/control/metrics"
 	"github.com/xdproxy/xdproxy/control/runner"
@@ -477,22 +478,19 @@ func TestRunRetriesOnItsTimer(t *testing.T) {
 	if at := next(); !at.Equal(t0) {
 		t.Fatalf("first try at %v", at.Sub(t0))
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for !slices.ContainsFunc(clock.Deadlines(), t0.Add(time.Second).Equal) {
-		if time.Now().After(deadline) {
-			t.Fatalf("retry timer not armed; armed: %v", clock.Deadlines())
-		}
-		time.Sleep(time.Millisecond)
+	poll := func(cond func() bool) error {
+		return wait.PollUntilContextTimeout(context.Background(), time.Millisecond, 10*time.Second, true,
+			func(context.Context) (bool, error) { return cond(), nil })
+	}
+	if poll(func() bool { return slices.ContainsFunc(clock.Deadlines(), t0.Add(time.Second).Equal) }) != nil {
+		t.Fatalf("retry timer not armed; armed: %v", clock.Deadlines())
 	}
 	clock.Step(time.Second)
 	if at := next(); !at.Equal(t0.Add(time.Second)) {
 		t.Fatalf("retry at %v, want 1s", at.Sub(t0))
 	}
-	for rec.count() < 2 {
-		if time.Now().After(deadline) {
-			t.Fatalf("calls %q", rec.take())
-		}
-		time.Sleep(time.Millisecond)
+	if poll(func() bool { return rec.count() >= 2 }) != nil {
+		t.Fatalf("calls %q", rec.take())
 	}
 	if got, want := rec.take(), []string{"Updated", "Updated"}; !slices.Equal(got, want) {
 		t.Errorf("Health calls %q, want %q (Run starts; the retry succeeds)", got, want)

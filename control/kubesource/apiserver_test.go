@@ -17,6 +17,7 @@ import (
 	discovery "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/xdproxy/xdproxy/control/health"
 	"github.com/xdproxy/xdproxy/control/kubesource"
@@ -146,16 +147,12 @@ func TestRealAPIServer(t *testing.T) {
 	cluster.StartAPIServer()
 
 	slice.Endpoints = append(slice.Endpoints, discovery.Endpoint{Addresses: []string{"10.0.0.3"}})
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		// The first requests after a restart may still be refused.
-		if _, err = client.DiscoveryV1().EndpointSlices("ns1").Update(ctx, slice, metav1.UpdateOptions{}); err == nil || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	if err != nil {
-		t.Fatal(err)
+	// The first requests after a restart may still be refused.
+	if wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, err = client.DiscoveryV1().EndpointSlices("ns1").Update(ctx, slice, metav1.UpdateOptions{})
+		return err == nil, nil
+	}) != nil {
+		t.Fatalf("updating the slice after the restart: %v", err)
 	}
 	waitModel("the change after the restart", func(sp service.ServicePort) bool {
 		return endpointsOf(sp) == "10.0.0.1,10.0.0.2,10.0.0.3"
@@ -241,12 +238,9 @@ func TestRealAPIServerPublishRetryAndNodeState(t *testing.T) {
 
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(60 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-			time.Sleep(10 * time.Millisecond)
+		if err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 60*time.Second, true,
+			func(context.Context) (bool, error) { return cond(), nil }); err != nil {
+			t.Fatalf("timed out waiting for %s", what)
 		}
 	}
 	// The informers have synced and the first (empty) Model was refused.

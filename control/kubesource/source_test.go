@@ -20,6 +20,7 @@ import (
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -231,12 +232,9 @@ func (h *harness) waitArmed(deadline time.Time) {
 // waitFor polls cond: informer events arrive on goroutines of their own.
 func (h *harness) waitFor(what string, cond func() bool) {
 	h.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			h.t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
+	if err := wait.PollUntilContextTimeout(context.Background(), time.Millisecond, 10*time.Second, true,
+		func(context.Context) (bool, error) { return cond(), nil }); err != nil {
+		h.t.Fatalf("timed out waiting for %s", what)
 	}
 }
 
@@ -420,20 +418,26 @@ func TestNetworkProgrammingDuration(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.next()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == "kubeproxy_network_programming_duration_seconds" {
-			hist := mf.GetMetric()[0].GetHistogram()
-			if hist.GetSampleCount() != 1 || hist.GetSampleSum() != 7 {
-				t.Fatalf("programming duration count %d sum %v, want 1 and 7", hist.GetSampleCount(), hist.GetSampleSum())
-			}
-			return
+	// The duration is observed once publish has returned, which may be
+	// after h.next has the model.
+	var count uint64
+	var sum float64
+	h.waitFor("the programming duration to be observed", func() bool {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
 		}
+		for _, mf := range mfs {
+			if mf.GetName() == "kubeproxy_network_programming_duration_seconds" {
+				hist := mf.GetMetric()[0].GetHistogram()
+				count, sum = hist.GetSampleCount(), hist.GetSampleSum()
+			}
+		}
+		return count > 0
+	})
+	if count != 1 || sum != 7 {
+		t.Fatalf("programming duration count %d sum %v, want 1 and 7", count, sum)
 	}
-	t.Fatal("programming duration not recorded")
 }
 
 // outage makes the fake API server unreachable: lists and watches fail and

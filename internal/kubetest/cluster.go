@@ -246,17 +246,6 @@ func (c *Cluster) WriteKubeconfig(path, server string) error {
 	return clientcmd.WriteToFile(*cfg, path)
 }
 
-// Logs is the end of both processes' logs, for error messages.
-func (c *Cluster) Logs() string {
-	var b strings.Builder
-	for _, p := range []*Process{c.etcd, c.apiserver} {
-		if p != nil {
-			fmt.Fprintf(&b, "%s:\n%s\n", p.name, p.LogTail(4096))
-		}
-	}
-	return b.String()
-}
-
 // stopGrace is how long a process gets to exit after SIGTERM.
 const stopGrace = 15 * time.Second
 

@@ -14,6 +14,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -197,17 +198,13 @@ func TestInformerSurvivesAPIServerRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	// client-go backs off before rewatching; allow for it.
-	deadline := time.Now().Add(time.Minute)
-	for {
-		if _, err := sliceInformer.Lister().EndpointSlices("default").Get("after-restart"); err == nil {
-			t.Logf("the informer saw the new EndpointSlice %v after the restart", time.Since(restarted).Round(time.Millisecond))
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the informer did not see an EndpointSlice created after the API server restart")
-		}
-		time.Sleep(100 * time.Millisecond)
+	if err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		_, err := sliceInformer.Lister().EndpointSlices("default").Get("after-restart")
+		return err == nil, nil
+	}); err != nil {
+		t.Fatal("the informer did not see an EndpointSlice created after the API server restart")
 	}
+	t.Logf("the informer saw the new EndpointSlice %v after the restart", time.Since(restarted).Round(time.Millisecond))
 }
 
 // kube-apiserver turns anonymous access off under AlwaysAllow, so the check

@@ -303,11 +303,7 @@ func (nb *NodeBed) Ping(ns string, dst netip.Addr, timeout time.Duration) error 
 // off-cluster server for the node's own outbound connections. The node's
 // pods' servers run in Cgroup. It returns when all of them listen; Close
 // stops them. The program must call ServeIfRequested first.
-func (nb *NodeBed) StartServers() error { return nb.StartServersWith("") }
-
-// StartServersWith is StartServers with another server binary, one that
-// runs testserver.Main; "" runs this program again.
-func (nb *NodeBed) StartServersWith(binary string) error {
+func (nb *NodeBed) StartServers() error {
 	nb.mu.Lock()
 	defer nb.mu.Unlock()
 	if nb.closed {
@@ -325,7 +321,7 @@ func (nb *NodeBed) StartServersWith(binary string) error {
 		specs = append(specs, spec)
 	}
 	specs = append(specs, serverSpec{ns: nb.client.NS, name: RoleClient})
-	servers, err := startServers(binary, specs)
+	servers, err := startServers("", specs)
 	if err != nil {
 		return err
 	}

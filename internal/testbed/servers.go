@@ -214,12 +214,7 @@ func (b *tailBuffer) Bytes() []byte {
 // server on :5001 (see package testserver). It returns when all of them
 // listen; Close stops them. The servers are this program run again (see
 // ServeIfRequested, which the program must call first).
-func (tb *Testbed) StartServers() error { return tb.StartServersWith("") }
-
-// StartServersWith is StartServers with another server binary, one that
-// runs testserver.Main (the xdproxy-testserver command does); "" runs this
-// program again.
-func (tb *Testbed) StartServersWith(binary string) error {
+func (tb *Testbed) StartServers() error {
 	tb.mu.Lock()
 	defer tb.mu.Unlock()
 	if tb.closed {
@@ -232,7 +227,7 @@ func (tb *Testbed) StartServersWith(binary string) error {
 	for i, b := range tb.backends {
 		specs = append(specs, serverSpec{ns: b.NS, name: BackendName(i)})
 	}
-	servers, err := startServers(binary, specs)
+	servers, err := startServers("", specs)
 	if err != nil {
 		return err
 	}

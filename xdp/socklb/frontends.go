@@ -67,12 +67,6 @@ const (
 	flagNodeOnly = 2
 )
 
-// Reverse entry kinds; enum reverse_kind in bpf/socklb.c.
-const (
-	revPeer = 1
-	revPin  = 2
-)
-
 // table is what SetFrontends needs of a map; *ebpf.Map is one, tests give
 // fakes and faulty ones.
 type table interface {

@@ -1,8 +1,7 @@
 // Command xdproxy-testserver runs the testbed's backend servers (see package
 // testserver) until it is signalled or its parent process goes away. The
 // testbed itself re-executes the program that uses it (see
-// testbed.ServeIfRequested); this command is for starting a server by hand,
-// or for testbed's StartServersWith.
+// testbed.ServeIfRequested); this command is for starting a server by hand.
 package main
 
 import (
