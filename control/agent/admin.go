@@ -47,6 +47,9 @@ func startAdmin(path string, ag *agent) (*adminServer, error) {
 	mux.HandleFunc("GET /health", a.health)
 	mux.HandleFunc("GET /version", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, ag.version) })
 	mux.HandleFunc("POST /channels", a.channels)
+	// A testing aid: publishes made to fail (faultyPublisher).
+	mux.HandleFunc("GET /debug/faults", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, ag.pub.faults.state()) })
+	mux.HandleFunc("POST /debug/faults", a.armFaults)
 	// Go's profiler, for `go tool pprof` and the benchmark, only on the
 	// admin socket (root's).
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
@@ -189,6 +192,25 @@ func (a *adminServer) channels(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, a.a.engine.Interfaces())
+}
+
+// armFaults makes the next N publishes of a service table fail with
+// ErrInjected: POST /debug/faults?publish=N (0 disarms). The source sees a
+// failed publish and retries it, as it would if the dataplane could not be
+// programmed. It answers with what is left, as GET /debug/faults does.
+func (a *adminServer) armFaults(w http.ResponseWriter, r *http.Request) {
+	n, err := strconv.Atoi(r.URL.Query().Get("publish"))
+	if err != nil || n < 0 {
+		http.Error(w, "want ?publish=N, N >= 0: the number of publishes to fail", http.StatusBadRequest)
+		return
+	}
+	st := a.a.pub.faults.arm(n)
+	if n > 0 {
+		a.a.log.Warn("fault injection: the next publishes will fail", "publishes", n)
+	} else {
+		a.a.log.Info("fault injection disarmed")
+	}
+	writeJSON(w, st)
 }
 
 // AdminRequest sends one request to the admin socket of a running agent

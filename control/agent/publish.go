@@ -22,11 +22,19 @@ import (
 // so that the next process serves it while its source syncs.
 const lastModelFile = "model.gob"
 
+// tablePublisher takes the compiled tables: the engine, through faults.
+type tablePublisher interface {
+	Publish(*service.Table) error
+}
+
 // publisher turns the source's models into tables for the engine.
 type publisher struct {
 	a    *agent
 	opts service.CompileOptions
 	node service.Node
+	// to is where tables go: faults, in front of the engine.
+	to     tablePublisher
+	faults *faultyPublisher
 
 	mu       sync.Mutex // serialises publish
 	problems map[string]bool
@@ -48,7 +56,9 @@ func newPublisher(a *agent, reg prometheus.Registerer) (*publisher, error) {
 			Help: "Service ports left out of a published table because the XDP tables could not hold them.",
 		}),
 		saveCh: make(chan *service.Model, 1), saveDone: make(chan struct{}),
+		faults: &faultyPublisher{next: a.engine},
 	}
+	p.to = p.faults
 	if err := reg.Register(p.rejectedTotal); err != nil {
 		return nil, err
 	}
@@ -86,7 +96,7 @@ func (p *publisher) publish(m *service.Model) error {
 	t := service.CompileFrom(e.Services().Load(), m, p.opts)
 	t = p.fit(m, t)
 	p.logProblems(t)
-	if err := e.Publish(t); err != nil {
+	if err := p.to.Publish(t); err != nil {
 		return fmt.Errorf("programming the dataplane: %w", err)
 	}
 	p.syncHealthChecks(t)
@@ -228,4 +238,57 @@ func (p *publisher) restore() {
 func (p *publisher) close() {
 	close(p.saveCh)
 	<-p.saveDone
+}
+
+// ErrInjected is the error of a publish made to fail through the admin
+// socket (POST /debug/faults).
+var ErrInjected = errors.New("injected fault (admin socket, POST /debug/faults)")
+
+// faultyPublisher fails the next publishes it is armed for with
+// ErrInjected, before the engine sees them, as a dataplane that cannot be
+// programmed would; then it hands every table to next again. It is a
+// testing aid: the real binary's retries, publish metrics and /healthz
+// can be watched failing and recovering.
+type faultyPublisher struct {
+	next tablePublisher
+
+	mu       sync.Mutex
+	left     int // publishes still to fail
+	injected int // publishes failed so far
+}
+
+// Publish fails while armed, else publishes through next.
+func (f *faultyPublisher) Publish(t *service.Table) error {
+	f.mu.Lock()
+	if f.left > 0 {
+		f.left--
+		f.injected++
+		f.mu.Unlock()
+		return ErrInjected
+	}
+	f.mu.Unlock()
+	return f.next.Publish(t)
+}
+
+// faultState is what the admin socket says of the faults.
+type faultState struct {
+	// Publish is how many publishes are still to fail.
+	Publish int `json:"publish"`
+	// Injected counts the publishes failed so far.
+	Injected int `json:"injected"`
+}
+
+// arm makes the next n publishes fail, replacing what was left; 0
+// disarms.
+func (f *faultyPublisher) arm(n int) faultState {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.left = n
+	return faultState{Publish: f.left, Injected: f.injected}
+}
+
+func (f *faultyPublisher) state() faultState {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return faultState{Publish: f.left, Injected: f.injected}
 }
