@@ -16,7 +16,15 @@ type Counters struct {
 	TxFrames  atomic.Uint64
 	Copied    atomic.Uint64 // frames copied into another interface's UMEM
 	NewFlows  atomic.Uint64
-	Wakeups   atomic.Uint64 // times the worker woke from poll()
+	Wakeups   atomic.Uint64 // times the worker woke from poll() with frames
+	// SpinCatches counts times frames arrived while the worker spun on
+	// its empty ring (a poll() sleep and wake-up saved).
+	SpinCatches atomic.Uint64
+	// FlowCacheHits and FlowCacheMisses count packets of established
+	// flows whose flow the worker's flow cache held (still valid) or
+	// not (found in conntrack).
+	FlowCacheHits   atomic.Uint64
+	FlowCacheMisses atomic.Uint64
 	// ToKernel counts frames handed to the kernel's stack through the
 	// exception link: frames that were not ours after all (counted under
 	// their pass_* reason too) and translated frames for destinations
@@ -34,7 +42,7 @@ type Counters struct {
 // batchCounters is the per-batch local accumulator.
 type batchCounters struct {
 	rx, forwarded, replied, tx, copied, newFlows uint64
-	toKernel, viaKernel                          uint64
+	toKernel, viaKernel, cacheHits, cacheMisses  uint64
 	byReason                                     [packet.NumReasons]uint64
 }
 
@@ -63,6 +71,12 @@ func (c *Counters) add(b *batchCounters) {
 	if b.viaKernel != 0 {
 		c.ViaKernel.Add(b.viaKernel)
 	}
+	if b.cacheHits != 0 {
+		c.FlowCacheHits.Add(b.cacheHits)
+	}
+	if b.cacheMisses != 0 {
+		c.FlowCacheMisses.Add(b.cacheMisses)
+	}
 	for i, v := range b.byReason {
 		if v != 0 {
 			c.ByReason[i].Add(v)
@@ -76,6 +90,7 @@ func (c *Counters) add(b *batchCounters) {
 type Snapshot struct {
 	RxFrames, Forwarded, Replied, TxFrames, Copied, NewFlows, Wakeups, Batches uint64
 	ToKernel, ViaKernel, FlowPublishErrors                                     uint64
+	SpinCatches, FlowCacheHits, FlowCacheMisses                                uint64
 	ByReason                                                                   map[string]uint64
 }
 
@@ -86,6 +101,7 @@ func (c *Counters) Snapshot() Snapshot {
 		TxFrames: c.TxFrames.Load(), Copied: c.Copied.Load(), NewFlows: c.NewFlows.Load(),
 		Wakeups: c.Wakeups.Load(), Batches: c.Batches.Load(), FlowPublishErrors: c.FlowPublishErrors.Load(),
 		ToKernel: c.ToKernel.Load(), ViaKernel: c.ViaKernel.Load(),
+		SpinCatches: c.SpinCatches.Load(), FlowCacheHits: c.FlowCacheHits.Load(), FlowCacheMisses: c.FlowCacheMisses.Load(),
 		ByReason: map[string]uint64{},
 	}
 	for i := range c.ByReason {
@@ -109,6 +125,9 @@ func (s *Snapshot) Add(o Snapshot) {
 	s.FlowPublishErrors += o.FlowPublishErrors
 	s.ToKernel += o.ToKernel
 	s.ViaKernel += o.ViaKernel
+	s.SpinCatches += o.SpinCatches
+	s.FlowCacheHits += o.FlowCacheHits
+	s.FlowCacheMisses += o.FlowCacheMisses
 	if s.ByReason == nil {
 		s.ByReason = map[string]uint64{}
 	}

@@ -81,6 +81,10 @@ type EngineConfig struct {
 	// one); 0 means 2 seconds.
 	LinkCheckInterval time.Duration
 	Log               *slog.Logger
+	// IOFloor, when set, runs every worker in the I/O floor benchmarking
+	// mode (see IOFloor): frames are forwarded between the interfaces
+	// untranslated. Never on a node with real traffic.
+	IOFloor *IOFloor
 }
 
 // Engine is the running dataplane: the XDP programs, one AF_XDP socket and
@@ -566,7 +570,7 @@ func (e *Engine) newWorker(n *nic, p *Port, i int) *Worker {
 	if len(n.cfg.CPUs) > 0 {
 		cpu = n.cfg.CPUs[i%len(n.cfg.CPUs)]
 	}
-	return NewWorker(WorkerConfig{CPU: cpu, BatchSize: e.cfg.BatchSize, BusyPoll: e.cfg.BusyPoll},
+	return NewWorker(WorkerConfig{CPU: cpu, BatchSize: e.cfg.BatchSize, BusyPoll: e.cfg.BusyPoll, IOFloor: e.cfg.IOFloor},
 		p, &e.egress, proc, e.ct, e.k.Resolver(), e.tables.NewFlowWriter(maxBatch))
 }
 

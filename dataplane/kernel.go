@@ -29,6 +29,11 @@ type Socket interface {
 	Refill() int
 	Alloc() (afxdp.Desc, bool)
 	Release(d afxdp.Desc)
+	// Drive makes the kernel do the receive work it needs from us
+	// without blocking (a busy-polling socket polls the queue) and
+	// reports whether frames wait on the RX ring; the worker's idle spin
+	// calls it.
+	Drive() bool
 	// Wait sleeps until frames arrive or timeout passes.
 	Wait(timeout time.Duration) (bool, error)
 	Stats() (afxdp.Stats, error)

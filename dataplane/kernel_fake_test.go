@@ -61,6 +61,16 @@ type fakeSocket struct {
 	// hold makes Receive find nothing, so that a test can put several
 	// frames on the RX ring for one batch.
 	hold bool
+	// wake tells a Wait that frames may have come.
+	wake chan struct{}
+}
+
+// notify wakes a Wait.
+func (s *fakeSocket) notify() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
 }
 
 // setHold holds or releases received frames.
@@ -68,13 +78,14 @@ func (s *fakeSocket) setHold(h bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.hold = h
+	s.notify()
 }
 
 const fakeFrames = 256
 
 func newFakeSocket(fd, ifindex, queue, frameSize, txSlots int) *fakeSocket {
 	s := &fakeSocket{fd: fd, ifindex: ifindex, queue: queue, frameSize: frameSize,
-		umem: make([]byte, fakeFrames*frameSize), txSlots: txSlots}
+		umem: make([]byte, fakeFrames*frameSize), txSlots: txSlots, wake: make(chan struct{}, 1)}
 	for i := range fakeFrames {
 		s.free = append(s.free, uint64(i*frameSize))
 	}
@@ -93,6 +104,7 @@ func (s *fakeSocket) Inject(frame []byte) bool {
 	s.fill = s.fill[1:]
 	copy(s.umem[addr:addr+uint64(s.frameSize)], frame)
 	s.rx = append(s.rx, afxdp.Desc{Addr: addr, Len: uint32(len(frame))})
+	s.notify()
 	return true
 }
 
@@ -185,21 +197,27 @@ func (s *fakeSocket) Release(d afxdp.Desc) {
 	s.free = append(s.free, a)
 }
 
+func (s *fakeSocket) Drive() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.rx) > 0 && !s.hold
+}
+
+// Wait blocks, like poll(), until frames come or timeout passes; it wakes
+// only when Inject or setHold says so.
 func (s *fakeSocket) Wait(timeout time.Duration) (bool, error) {
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		s.mu.Lock()
-		n := len(s.rx)
-		if s.hold {
-			n = 0
-		}
-		s.mu.Unlock()
-		if n > 0 {
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	for {
+		if s.Drive() {
 			return true, nil
 		}
-		time.Sleep(time.Millisecond)
+		select {
+		case <-s.wake:
+		case <-timer.C:
+			return s.Drive(), nil
+		}
 	}
-	return false, nil
 }
 
 func (s *fakeSocket) Stats() (afxdp.Stats, error) { return afxdp.Stats{}, nil }

@@ -20,8 +20,9 @@ type ProcessorConfig struct {
 	// (the node's address on the way there). Called once per new
 	// masqueraded flow, never per packet of an established one.
 	SNATSource func(backend packet.Addr) (packet.Addr, bool)
-	// SweepBudget is how many conntrack slots a worker checks for expiry
-	// per batch.
+	// SweepBudget is the most conntrack slots a worker checks for expiry
+	// per batch (Housekeep); how many are due depends on the time since
+	// the last sweep, not on the number of batches. Default 256.
 	SweepBudget int
 	// RejectsPerSecond limits the TCP resets and ICMP unreachables one
 	// worker generates for services without endpoints, so that a flood
@@ -41,6 +42,19 @@ type Processor struct {
 	table *service.Table
 	pkt   packet.Packet
 	rng   uint64
+	cache flowCache
+	// cacheOff bypasses the flow cache and the fast path (tests compare
+	// the two paths with it).
+	cacheOff bool
+	// pre is the first pass's findings for each frame of the batch
+	// (prepare, fastpath.go).
+	pre [maxBatch]prepared
+	// touched sinks the loads of prepare.
+	touched uint64
+
+	// CacheHits and CacheMisses count established packets whose flow the
+	// flow cache had (and was still valid) or not; read by its worker.
+	CacheHits, CacheMisses uint64
 
 	rejectTokens int
 	rejectRefill int64
@@ -78,14 +92,62 @@ const maxBatch = 1024
 func (p *Processor) BeginBatch(now int64) { p.table = p.cfg.Services.Load() }
 
 // Housekeep runs bounded background work between batches: expiring
-// connection-tracking entries.
-func (p *Processor) Housekeep(now int64) { p.cfg.Conntrack.Sweep(p.cfg.SweepBudget, now) }
+// connection-tracking entries, at the pace conntrack.Table.SweepDue sets
+// (the whole table once per sweep interval, shared by all workers), at
+// most SweepBudget entries per call.
+func (p *Processor) Housekeep(now int64) { p.cfg.Conntrack.SweepDue(now, p.cfg.SweepBudget) }
+
+// HousekeepIdle is Housekeep for a worker whose ring is empty: it may
+// inspect idleSweepFactor times as many entries, so that sweeping keeps
+// pace when batches are rare.
+func (p *Processor) HousekeepIdle(now int64) {
+	p.cfg.Conntrack.SweepDue(now, p.cfg.SweepBudget*idleSweepFactor)
+}
+
+// idleSweepFactor: an idle worker turns every IdleWait (200 ms) and may
+// then sweep 64 x 256 entries, about 30 us of work.
+const idleSweepFactor = 64
 
 // Process translates one frame in place and says what to do with it. now is
 // a monotonic time in nanoseconds. frame's capacity may exceed its length:
 // a generated reply may use it. Process does not allocate, lock or make
 // system calls.
-func (p *Processor) Process(frame []byte, now int64) Verdict {
+func (p *Processor) Process(frame []byte, now int64) Verdict { return p.process(frame, now, nil) }
+
+// process is Process; pre, when not nil, is what prepare found for frame
+// (the worker's batches): its tuple, hashed once, and where the flow cache
+// holds it. An established IPv4 TCP or UDP flow then takes fastV4, from
+// the flow cache or, on a miss, from conntrack through the cache.
+func (p *Processor) process(frame []byte, now int64, pre *prepared) Verdict {
+	ct := p.cfg.Conntrack
+	known := false // the table was asked for pre.key and has no flow
+	if pre != nil && pre.quick && !p.cacheOff {
+		var s *flowSlot
+		if pre.way >= 0 {
+			s = &p.cache.sets[pre.set][pre.way]
+		}
+		if s == nil || !sameKey(&s.key, &pre.key) {
+			// An earlier frame of the batch moved or cached it.
+			s = p.cache.find(&pre.key, pre.hash)
+		}
+		if s != nil && !ct.Revalidate(s.handle, s.stamp, now) {
+			s.key = conntrack.Key{} // gone or replaced: ask the table
+			s = nil
+		}
+		if s != nil {
+			p.CacheHits++
+		} else if flow, dir, ok := ct.LookupKey(&pre.key, pre.hash, now); ok {
+			p.CacheMisses++
+			s = p.cache.put(&pre.key, pre.hash, &flow, dir)
+		} else {
+			known = true
+		}
+		if s != nil {
+			if v, ok := p.fastV4(frame, s, now); ok {
+				return v
+			}
+		}
+	}
 	pk := &p.pkt
 	if r := packet.Parse(frame, pk); r != packet.OK {
 		return notForwarded(r)
@@ -96,11 +158,50 @@ func (p *Processor) Process(frame []byte, now int64) Verdict {
 	case pk.IsICMPError:
 		return p.icmpError(frame, now)
 	}
-	flow, dir, ok := p.cfg.Conntrack.Lookup(pk.Tuple(), now)
+	if known {
+		return p.newFlow(frame, now)
+	}
+	var k conntrack.Key
+	var h uint64
+	if pre != nil && pre.quick {
+		k, h = pre.key, pre.hash // quickKey's tuple is Parse's
+	} else {
+		tu := pk.Tuple()
+		k = conntrack.MakeKey(&tu)
+		h = ct.Hash(&k)
+	}
+	if !p.cacheOff {
+		if s := p.cache.find(&k, h); s != nil {
+			if ct.Revalidate(s.handle, s.stamp, now) {
+				if pre == nil || !pre.quick {
+					p.CacheHits++ // not counted above
+				}
+				return p.established(frame, s.handle, &s.rewrite, s.dir, now)
+			}
+			s.key = conntrack.Key{}
+		}
+	}
+	flow, dir, ok := ct.LookupKey(&k, h, now)
 	if ok {
-		return p.established(frame, &flow, dir, now)
+		p.CacheMisses++
+		if !p.cacheOff {
+			p.cache.put(&k, h, &flow, dir)
+		}
+		return p.established(frame, flow.Handle, &flow.Rewrite, dir, now)
 	}
 	return p.newFlow(frame, now)
+}
+
+// CompletePartial completes a TCP or UDP checksum that checksum offload
+// left partial (nat.CompleteIfPartial) in a frame the worker hands to the
+// kernel's stack as it came (a pass verdict): the stack checks the
+// checksums of frames from the exception link and would drop it. Other
+// frames are left alone.
+func (p *Processor) CompletePartial(frame []byte) {
+	pk := &p.pkt
+	if packet.Parse(frame, pk) == packet.OK {
+		nat.CompleteIfPartial(frame, pk)
+	}
 }
 
 func notForwarded(r packet.Reason) Verdict {
@@ -110,9 +211,10 @@ func notForwarded(r packet.Reason) Verdict {
 	return Verdict{Action: Drop, Reason: r}
 }
 
-// established translates a packet of a tracked flow: one lookup, one
-// rewrite, one state update.
-func (p *Processor) established(frame []byte, flow *conntrack.Flow, dir conntrack.Direction, now int64) Verdict {
+// established translates a packet of a tracked flow h, found in
+// direction dir with rw the tuple to rewrite it to: one rewrite, one state
+// update.
+func (p *Processor) established(frame []byte, h conntrack.Handle, rw *packet.Tuple, dir conntrack.Direction, now int64) Verdict {
 	pk := &p.pkt
 	if !nat.DecrementTTL(frame, pk) {
 		return Verdict{Action: Drop, Reason: packet.DropTTLExceeded}
@@ -128,23 +230,23 @@ func (p *Processor) established(frame []byte, flow *conntrack.Flow, dir conntrac
 		// Window tracking: a reset or FIN outside the receiver's window is
 		// not the peer's (a blind attack) and must not close the flow.
 		if seg, ok := conntrack.ParseTCPSegment(frame[pk.L4:pk.End]); ok {
-			if _, res := p.cfg.Conntrack.UpdateTCP(flow.Handle, dir, seg, now); res == conntrack.UpdateOutOfWindow {
+			if _, res := p.cfg.Conntrack.UpdateTCP(h, dir, seg, now); res == conntrack.UpdateOutOfWindow {
 				return Verdict{Action: Drop, Reason: packet.DropOutOfWindow}
 			}
 		}
-		if !nat.Rewrite(frame, pk, flow.Rewrite) {
+		if !nat.Rewrite(frame, pk, *rw) {
 			return Verdict{Action: Drop, Reason: packet.DropInvalidState}
 		}
-		return Verdict{Action: Forward, NextHop: flow.Rewrite.Dst, Len: len(frame)}
+		return Verdict{Action: Forward, NextHop: rw.Dst, Len: len(frame)}
 	}
-	if !nat.Rewrite(frame, pk, flow.Rewrite) {
+	if !nat.Rewrite(frame, pk, *rw) {
 		return Verdict{Action: Drop, Reason: packet.DropInvalidState}
 	}
-	p.cfg.Conntrack.Update(flow.Handle, dir, tcpFlags, now)
+	p.cfg.Conntrack.Update(h, dir, tcpFlags, now)
 	if first {
-		p.cfg.Conntrack.RememberFragment(fk, flow.Rewrite.Src, flow.Rewrite.Dst, now)
+		p.cfg.Conntrack.RememberFragment(fk, rw.Src, rw.Dst, now)
 	}
-	return Verdict{Action: Forward, NextHop: flow.Rewrite.Dst, Len: len(frame)}
+	return Verdict{Action: Forward, NextHop: rw.Dst, Len: len(frame)}
 }
 
 // newFlow handles the first packet of a flow: find the frontend, choose a
@@ -213,7 +315,7 @@ func (p *Processor) newFlow(frame []byte, now int64) Verdict {
 		if !ok {
 			return Verdict{Action: Drop, Reason: packet.DropInvalidState}
 		}
-		return p.established(frame, &flow, dir, now)
+		return p.established(frame, flow.Handle, &flow.Rewrite, dir, now)
 	default:
 		return Verdict{Action: Drop, Reason: res.Reason()}
 	}
@@ -222,8 +324,7 @@ func (p *Processor) newFlow(frame []byte, now int64) Verdict {
 		p.NewReplies = append(p.NewReplies, translated.Reverse())
 		p.NewHandles = append(p.NewHandles, h)
 	}
-	flow := conntrack.Flow{Handle: h, Rewrite: translated}
-	return p.established(frame, &flow, conntrack.Original, now)
+	return p.established(frame, h, &translated, conntrack.Original, now)
 }
 
 func (p *Processor) snatSource(backend packet.Addr) (packet.Addr, bool) {

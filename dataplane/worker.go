@@ -41,11 +41,20 @@ type WorkerConfig struct {
 	// CPU pins the worker's OS thread; -1 leaves it unpinned.
 	CPU       int
 	BatchSize int
-	// BusyPoll spins on empty rings instead of sleeping in poll().
+	// BusyPoll makes the worker never sleep: on an empty ring it spins
+	// for good (checking the ring, driving the queue when its socket busy
+	// polls) instead of sleeping in poll() after an adaptive spin (see
+	// idle.go). It costs a whole CPU whatever the load.
 	BusyPoll bool
+	// MaxSpin is the longest the adaptive idle spin lasts before the
+	// worker sleeps in poll(); 0 means 50µs, negative no spin at all.
+	MaxSpin time.Duration
 	// IdleWait bounds one poll() sleep so that housekeeping (conntrack
 	// sweeps, stop requests) still runs on an idle queue.
 	IdleWait time.Duration
+	// IOFloor, when set, makes the worker forward every frame untouched
+	// but for its MACs: a benchmarking mode (see IOFloor).
+	IOFloor *IOFloor
 }
 
 // Worker forwards the frames of one Port. Run must be called once, on its
@@ -68,6 +77,7 @@ type Worker struct {
 	done  chan struct{}
 
 	rx      []afxdp.Desc
+	frames  [][]byte // the bytes of rx, for the batch being processed (they alias the UMEM, never the heap)
 	ownTx   []afxdp.Desc
 	release []afxdp.Desc
 	unsent  []conntrack.Handle // flows whose reply tuple the XDP table refused
@@ -81,6 +91,7 @@ type Worker struct {
 	kernel     int            // index into crossPorts of the exception port, -1 none
 	kernelMAC  [6]byte        // destination MAC of frames for the kernel
 	batch      batchCounters
+	spin       idleSpin
 }
 
 // egressSlot says where frames routed out of one interface go: -1 for
@@ -105,10 +116,12 @@ func NewWorker(cfg WorkerConfig, port *Port, eg *atomic.Pointer[egress], proc *P
 		cfg: cfg, port: port, proc: proc, ct: ct, resolver: resolver, flows: flows, egress: eg,
 		done:    make(chan struct{}),
 		rx:      make([]afxdp.Desc, cfg.BatchSize),
+		frames:  make([][]byte, cfg.BatchSize),
 		ownTx:   make([]afxdp.Desc, 0, cfg.BatchSize),
 		release: make([]afxdp.Desc, 0, cfg.BatchSize),
 		unsent:  make([]conntrack.Handle, 0, cfg.BatchSize),
 		kernel:  -1,
+		spin:    newIdleSpin(cfg.MaxSpin),
 	}
 }
 
@@ -132,7 +145,8 @@ func (w *Worker) Stop() {
 }
 
 // Run is the worker loop: receive a batch, process it, transmit, reclaim
-// completions and keep the fill ring full; sleep in poll() when idle.
+// completions and keep the fill ring full; when the ring is empty, spin a
+// while and then sleep in poll() (see idle.go).
 func (w *Worker) Run() error {
 	defer close(w.done)
 	runtime.LockOSThread()
@@ -161,18 +175,47 @@ func (w *Worker) Run() error {
 	return nil
 }
 
-// idle reclaims completions, refills and sleeps until frames arrive.
+// idle runs when the receive ring is empty: reclaim completions, refill,
+// sweep a little, then spin until frames come or the adaptive limit
+// passes, and then sleep in poll() (BusyPoll: never).
 func (w *Worker) idle() {
+	sock := w.port.Sock
 	w.port.mu.Lock()
-	w.port.Sock.Complete()
-	w.port.Sock.Refill()
+	sock.Complete()
+	sock.Refill()
 	w.port.mu.Unlock()
-	w.proc.Housekeep(monotonicNow())
-	if w.cfg.BusyPoll {
-		return
+	start := monotonicNow()
+	if !w.cfg.IOFloor.enabled() {
+		w.proc.HousekeepIdle(start)
 	}
-	if ok, _ := w.port.Sock.Wait(w.cfg.IdleWait); ok {
+	// Spin: check the ring (driving the queue when the socket busy
+	// polls), relax, look at the clock now and then.
+	for i := 0; ; i++ {
+		if sock.Drive() {
+			w.Counters.SpinCatches.Add(1)
+			w.spin.caught(monotonicNow() - start)
+			return
+		}
+		cpuRelax()
+		if i&3 == 3 {
+			if w.stop.Load() {
+				return
+			}
+			spun := monotonicNow() - start
+			if w.cfg.BusyPoll {
+				if spun >= int64(w.cfg.IdleWait) {
+					return // housekeeping, then spin again
+				}
+			} else if spun >= w.spin.limit {
+				break
+			}
+		}
+	}
+	if ok, _ := sock.Wait(w.cfg.IdleWait); ok {
 		w.Counters.Wakeups.Add(1)
+		w.spin.woke(monotonicNow() - start)
+	} else {
+		w.spin.quiet()
 	}
 }
 
@@ -217,14 +260,27 @@ func (w *Worker) processBatch(descs []afxdp.Desc) {
 	if eg := w.egress.Load(); eg != w.eg {
 		w.useEgress(eg)
 	}
+	if w.cfg.IOFloor.enabled() {
+		w.floorBatch(descs)
+		return
+	}
 	now := monotonicNow()
 	w.proc.BeginBatch(now)
 	sock := w.port.Sock
 	b := &w.batch
 	b.rx += uint64(len(descs))
-	for _, d := range descs {
-		frame := sock.Frame(d)
-		v := w.proc.Process(frame, now)
+	// Two passes (fastpath.go): the first reads every frame's tuple and
+	// touches its flow, so that the batch's cache misses overlap; the
+	// second translates.
+	frames := w.frames[:len(descs)]
+	p := w.proc
+	for i, d := range descs {
+		frames[i] = sock.Frame(d)
+		p.prepare(i, frames[i])
+	}
+	for i, d := range descs {
+		frame := frames[i]
+		v := p.process(frame, now, &p.pre[i])
 		switch v.Action {
 		case Forward, Reply:
 			hop, r := w.resolver.Resolve(v.NextHop)
@@ -248,6 +304,9 @@ func (w *Worker) processBatch(descs []afxdp.Desc) {
 			copy(frame[6:12], hop.Src[:])
 			w.toInterface(d, hop.Ifindex)
 		case Pass:
+			if v.Reason == packet.PassNoService {
+				w.proc.CompletePartial(frame)
+			}
 			w.toKernel(d, frame, v.Reason)
 		default:
 			b.byReason[v.Reason]++
@@ -259,7 +318,9 @@ func (w *Worker) processBatch(descs []afxdp.Desc) {
 	w.flushOwn()
 	w.proc.Housekeep(now)
 	b.newFlows += w.proc.NewFlows
-	w.proc.NewFlows = 0
+	b.cacheHits += w.proc.CacheHits
+	b.cacheMisses += w.proc.CacheMisses
+	w.proc.NewFlows, w.proc.CacheHits, w.proc.CacheMisses = 0, 0, 0
 	w.Counters.add(b)
 }
 

@@ -33,14 +33,42 @@
 // mapped from the state file (see "State file"). The table is split into
 // up to 64 shards; each shard owns a contiguous range of entries and an
 // open-addressing index of at least 4 slots per entry, rounded up to a power
-// of two (64-bit words: 32 to 64 bytes per entry). A 1M-flow table takes
-// 160 bytes per flow in all (TestMemoryPerEntry). A key's hash (xxhash of the packed
-// tuple, mixed with a random per-table seed) picks the shard, the home slot
-// and a 31-bit tag. A slot is empty (0), a tombstone, or tag | direction |
-// entry index+1. A flow's entry lives in the shard of its original key; its
-// reply key is indexed in the shard its own hash picks. Entries do not
-// keep their keys' hashes: removals and index rebuilds compute them again
-// from the keys (two xxhash calls per removed flow).
+// of two (64-bit words: 32 to 64 bytes per entry); the shards' first
+// index arrays are one allocation. A 1M-flow table takes 160 bytes per
+// flow in all (TestMemoryPerEntry). New asks for transparent huge pages for
+// the slab and the index (MADV_HUGEPAGE: lookups touch both at random, and
+// with 4 KiB pages most of them would also miss the TLB) and faults every
+// page in at once, so that no early flow pays a page fault.
+//
+// A key's hash picks the shard (bits 26 up), the home slot (the low bits)
+// and a 31-bit tag (the top bits). It is keyed by a secret per-table seed
+// (random unless Config.Seed says otherwise; kept in the state file): NH,
+// UMAC's universal hash (RFC 4418), over the key's ten 32-bit halves each
+// added to a word of the seed, then murmur3's fmix64 to spread the sum. For
+// any two different keys the chance over the seed that they hash alike is
+// at most 2^-32, so someone who does not know the seed cannot pick tuples
+// that collide; it costs about 2 ns (xxhash of the 40 bytes, used before,
+// about 25). TestHashSpread and TestHashCollisions check the spread of
+// every part of the hash on structured keys. A slot is empty (0), a
+// tombstone, or tag | direction | entry index+1. A flow's entry lives in
+// the shard of its original key; its reply key is indexed in the shard its
+// own hash picks. Entries do not keep their keys' hashes: removals and
+// index rebuilds compute them again from the keys.
+//
+// # Caches in front of the table
+//
+// A worker keeps the flows it sees in a cache of its own (package
+// dataplane). The table gives it what it needs (cache.go): Key and
+// MakeKey/KeyV4 (the packed tuple), Hash (the table's hash, computed once
+// for both), LookupKey (Lookup of a hashed key), Flow.Stamp and Revalidate.
+// The stamp is the entry's sequence number when the lookup read it; the
+// sequence changes with every insert into the entry and never wraps, so
+// Revalidate (the timer word, then the sequence: two atomic loads on the
+// entry's first cache line, the one Update reads anyway) tells whether the
+// entry still holds that very flow, live and not expired, however often it
+// was reused meanwhile; a cached translation can never outlive its flow.
+// Touch and TouchHandle load what a lookup or an update of the next
+// packets will read, for callers that work through a batch.
 //
 // # Who writes what
 //
@@ -113,11 +141,19 @@
 //
 // # Expiry, a full table and assured flows
 //
-// Expired flows are never returned. Sweep removes them incrementally: each
-// worker calls it once per batch with a small budget, and the calls share
-// one atomic cursor over the slab, so the table is swept in full every
-// capacity/budget batches without any worker stalling. An insert that needs
-// a key held by an expired flow removes that flow first.
+// Expired flows are never returned. Sweep removes them incrementally,
+// inspecting the next entries from one atomic cursor that every caller
+// shares. Workers call SweepDue, once per batch and when idle: it inspects
+// the part of the slab that is due at that time, so that all the workers
+// together pass over the whole table once per Config.SweepInterval
+// (default 2 s) however many packets they handle, at most a given budget
+// per call; a call with less than 64 entries due costs one atomic load.
+// (A fixed budget per batch, as before, read 256 entries, 32 KiB, for
+// every 64 packets: a third of the cost of a new flow at a million flows.)
+// An expired flow therefore leaves the table, and OnRemove is called, up
+// to about SweepInterval after its deadline, unless an insert needs its key
+// or its room first: an insert that needs a key held by an expired flow
+// removes that flow first, and a full shard evicts expired flows first.
 //
 // A flow is assured when it has shown it is a real connection (see the
 // next section); assured flows are never dropped to make room, like

@@ -43,7 +43,7 @@ const (
 var layoutHash = func() uint64 {
 	desc := "entry{seq,timer,meta,orig[5],reply[5],created,win[2]}=" + strconv.Itoa(int(unsafe.Sizeof(entry{}))) +
 		" timer{state:4,status:3(seen,closer,assured),gen:16,deadline:41ms}" +
-		" key{src:2,dst:2,sport<<48|dport<<32|proto<<8|1} hash=xxhash64(key^seed) tag>>33 shard>>26" +
+		" key{src:2,dst:2,sport<<48|dport<<32|proto<<8|1} hash=fmix64(nh32(key+splitmix64(seed))) tag>>33 shard>>26" +
 		" win{end:32,maxwin:16,scale:4,seen:1,wsok:1,gen:10}" +
 		" states=" + strconv.Itoa(int(NumStates)) +
 		" shifts=" + strconv.Itoa(statusShift) + "," + strconv.Itoa(genShift) + "," + strconv.Itoa(deadlineShift) +

@@ -42,6 +42,12 @@ type Config struct {
 	// Seed keys the hash; 0 picks a random one. A table restored from a
 	// state file keeps the file's seed.
 	Seed uint64
+	// SweepInterval is how long the SweepDue calls of all workers
+	// together take to pass over the whole table once, whatever the
+	// packet rate; an expired flow leaves the table (and OnRemove is
+	// called) at most about this long after its deadline, unless an
+	// insert needs its room first. Default 2s.
+	SweepInterval time.Duration
 
 	// OnRemove, when set, is called once for every flow that leaves the
 	// table: expired (Sweep, an insert that needed its key or its entry,
@@ -90,7 +96,14 @@ type Flow struct {
 	Flags     Flags
 	ServiceID uint32
 	State     State
+	// stamp is the entry's sequence number when it was read: see
+	// Revalidate.
+	stamp uint64
 }
+
+// Stamp identifies the lifetime of the entry the flow was read from; a
+// cache keeps it to ask Revalidate whether the entry still holds this flow.
+func (f *Flow) Stamp() uint64 { return f.stamp }
 
 // InsertResult says whether Insert stored the flow.
 type InsertResult uint8
@@ -251,11 +264,16 @@ type Table struct {
 	slack     [2][NumStates]uint64 // ms
 	window    int
 	onRemove  func(orig, reply packet.Tuple)
+	// sweepEvery is Config.SweepInterval in ns.
+	sweepEvery int64
 
 	sweepCursor atomic.Uint64
-	_           [56]byte
-	snatTries   atomic.Uint64
-	snatFails   atomic.Uint64
+	// sweepClock is how far SweepDue has swept, as a time: the table is
+	// due from there to now (see SweepDue).
+	sweepClock atomic.Int64
+	_          [48]byte
+	snatTries  atomic.Uint64
+	snatFails  atomic.Uint64
 
 	frags *fragmentTable
 
@@ -296,6 +314,10 @@ func New(cfg Config) (*Table, error) {
 	if t.window == 0 {
 		t.window = defaultWindow
 	}
+	t.sweepEvery = int64(cfg.SweepInterval)
+	if t.sweepEvery <= 0 {
+		t.sweepEvery = int64(defaultSweepInterval)
+	}
 	to := cfg.Timeouts.withDefaults()
 	t.timeout = to.byState()
 	for a := range t.slack {
@@ -305,15 +327,21 @@ func New(cfg Config) (*Table, error) {
 			t.slack[a][s] = min(1000, t.timeout[a][s]/16)
 		}
 	}
+	// The shards' first index arrays are one allocation, so that huge
+	// pages can back them (one shard's array is often smaller than a
+	// huge page). A rebuild gives a shard an array of its own.
+	slots := make([]atomic.Uint64, nShards*nSlots)
+	prepareMemory(slots)
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.id = i
 		sh.first = uint32(i * perShard)
 		sh.count = uint32(perShard)
-		sh.index.Store(newSlotArray(nSlots))
+		sh.index.Store(&slotArray{slots: slots[i*nSlots : (i+1)*nSlots : (i+1)*nSlots], mask: uint64(nSlots - 1)})
 	}
 	if cfg.StatePath == "" {
 		t.entries = make([]entry, perShard*nShards)
+		prepareMemory(t.entries)
 		t.setSeed(cfg.Seed)
 	} else if err := t.openState(cfg); err != nil {
 		return nil, err
@@ -336,9 +364,14 @@ func (t *Table) setSeed(seed uint64) {
 		seed = rand.Uint64() | 1
 	}
 	t.rawSeed = seed
+	// splitmix64: each word of the hash key looks independent of the
+	// others, so one leaked word does not give away the rest.
 	for i := range t.seed {
-		seed = seed*0x9e3779b97f4a7c15 + uint64(i)
-		t.seed[i] = seed ^ seed>>29
+		seed += 0x9e3779b97f4a7c15
+		z := seed
+		z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+		z = (z ^ z>>27) * 0x94d049bb133111eb
+		t.seed[i] = z ^ z>>31
 	}
 }
 
@@ -357,7 +390,13 @@ func (t *Table) ownerOf(idx uint32) *shard { return &t.shards[idx/t.perShard] }
 // never locks and never allocates. An expired flow is not returned.
 func (t *Table) Lookup(tu packet.Tuple, now int64) (Flow, Direction, bool) {
 	k := packKey(&tu)
-	h := hashKey(&k, &t.seed)
+	return t.LookupKey(&k, hashKey(&k, &t.seed), now)
+}
+
+// LookupKey is Lookup of a packed tuple whose hash (Hash) the caller has
+// already computed, for a cache in front of the table that hashes each
+// key once.
+func (t *Table) LookupKey(k *Key, h uint64, now int64) (Flow, Direction, bool) {
 	arr := t.shardOf(h).index.Load()
 	nowMs := msOf(now)
 	tag := h >> tagShift
@@ -373,7 +412,7 @@ func (t *Table) Lookup(tu packet.Tuple, now int64) (Flow, Direction, bool) {
 				dir = Reply
 			}
 			var f Flow
-			if t.readFlow(uint32(s)-1, dir, &k, nowMs, &f) {
+			if t.readFlow(uint32(s)-1, dir, k, nowMs, &f) {
 				return f, dir, true
 			}
 		}
@@ -415,6 +454,7 @@ func (t *Table) readFlow(idx uint32, dir Direction, k *key, nowMs uint64, f *Flo
 		return false
 	}
 	f.Handle = Handle{idx: idx + 1, gen: uint16(s1 >> 1)}
+	f.stamp = s1
 	f.Rewrite = o.reversedTuple()
 	f.Flags = Flags(meta >> 32)
 	f.ServiceID = uint32(meta)

@@ -217,6 +217,22 @@ func (t *Table) UpdateTCP(h Handle, dir Direction, seg TCPSegment, now int64) (S
 	}
 	dir &= 1
 	tag := winTag(h.gen)
+	if seg.Flags&(packet.TCPSyn|packet.TCPRst|packet.TCPFin) == 0 {
+		// Most segments: data or an ACK that moves its side's end by
+		// no more than the lag and does not advertise a larger window.
+		// track would record nothing, in the window or not, so only
+		// the state machine runs: one load of the window word more than
+		// Update.
+		wd := e.win[dir].Load()
+		if sameTag(wd, tag) && wd&winSeen != 0 && int32(segEnd(&seg)-winEnd(wd)) <= winLag &&
+			uint64(seg.Window) <= winMaxRaw(wd) {
+			ns, ok := t.advance(e, h, dir, seg.Flags, nowMs)
+			if !ok {
+				return ns, UpdateGone
+			}
+			return ns, UpdateOK
+		}
+	}
 	if seg.Flags&(packet.TCPRst|packet.TCPFin) != 0 {
 		wd, wr := e.win[dir].Load(), e.win[dir^1].Load()
 		if !sameTag(wd, tag) || !sameTag(wr, tag) {

@@ -3,6 +3,7 @@ package afxdp
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // BindMode chooses how the kernel moves frames between the driver and the
@@ -52,7 +53,25 @@ type Config struct {
 	// ring flag when it needs a syscall to make progress, so a busy
 	// zero-copy socket skips most sendto calls.
 	NeedWakeup bool
+	// BusyPoll, when positive, turns on preferred busy polling: the
+	// socket gets SO_PREFER_BUSY_POLL, SO_BUSY_POLL of this long (in
+	// microseconds, rounded up) and SO_BUSY_POLL_BUDGET of
+	// BusyPollBudget, and Drive then polls the queue's NAPI context from
+	// the caller's thread with recvfrom(MSG_DONTWAIT) (see doc.go, "Busy
+	// polling"). It needs CAP_NET_ADMIN.
+	BusyPoll time.Duration
+	// BusyPollBudget is how many frames one busy poll may process; 0
+	// means 64. Only with BusyPoll.
+	BusyPollBudget int
 }
+
+// DefaultBusyPollBudget is BusyPollBudget's default, the kernel's NAPI
+// weight.
+const DefaultBusyPollBudget = 64
+
+// maxBusyPoll bounds BusyPoll: the kernel takes microseconds in an int,
+// and a busy poll longer than a second would only stall the caller.
+const maxBusyPoll = time.Second
 
 // DefaultConfig returns 4096 frames of 2048 bytes (8 MiB of UMEM) with 2048
 // descriptors in every ring, copy or zero-copy as the driver allows, and
@@ -107,7 +126,21 @@ func (c Config) Validate() error {
 	if c.Mode != Auto && c.Mode != Copy && c.Mode != ZeroCopy {
 		return fmt.Errorf("%w: Mode %d is not Auto, Copy or ZeroCopy", ErrInvalidConfig, int(c.Mode))
 	}
+	if c.BusyPoll < 0 || c.BusyPoll > maxBusyPoll {
+		return fmt.Errorf("%w: BusyPoll %v must be between 0 and %v", ErrInvalidConfig, c.BusyPoll, maxBusyPoll)
+	}
+	if c.BusyPollBudget < 0 || c.BusyPollBudget > 0xffff {
+		return fmt.Errorf("%w: BusyPollBudget %d must be between 0 and 65535", ErrInvalidConfig, c.BusyPollBudget)
+	}
+	if c.BusyPollBudget != 0 && c.BusyPoll == 0 {
+		return fmt.Errorf("%w: BusyPollBudget %d is set but BusyPoll is not", ErrInvalidConfig, c.BusyPollBudget)
+	}
 	return nil
+}
+
+// busyPollUsec is BusyPoll in whole microseconds, rounded up; 0 when off.
+func (c Config) busyPollUsec() int {
+	return int((c.BusyPoll + time.Microsecond - 1) / time.Microsecond)
 }
 
 func isPowerOfTwo(n int) bool { return n > 0 && n&(n-1) == 0 }

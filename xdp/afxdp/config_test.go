@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -26,6 +27,11 @@ func TestConfigValidate(t *testing.T) {
 		{"tx ring larger than frames", func(c *Config) { c.TxRingSize = 8192 }, "TxRingSize"},
 		{"fill ring larger than frames", func(c *Config) { c.NumFrames = 1024 }, "FillRingSize"},
 		{"unknown mode", func(c *Config) { c.Mode = 7 }, "Mode"},
+		{"negative busy poll", func(c *Config) { c.BusyPoll = -time.Microsecond }, "BusyPoll"},
+		{"busy poll over a second", func(c *Config) { c.BusyPoll = 2 * time.Second }, "BusyPoll"},
+		{"busy poll budget too big", func(c *Config) { c.BusyPoll, c.BusyPollBudget = time.Microsecond, 1<<16 }, "BusyPollBudget"},
+		{"busy poll budget negative", func(c *Config) { c.BusyPoll, c.BusyPollBudget = time.Microsecond, -1 }, "BusyPollBudget"},
+		{"budget without busy poll", func(c *Config) { c.BusyPollBudget = 64 }, "BusyPollBudget"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -56,5 +62,16 @@ func TestOpenRejectsBadArguments(t *testing.T) {
 	}
 	if _, err := Open(1, -1, DefaultConfig()); err == nil || !strings.Contains(err.Error(), "queue") {
 		t.Errorf("Open with queue -1: %v", err)
+	}
+}
+
+func TestBusyPollMicroseconds(t *testing.T) {
+	for _, tt := range []struct {
+		d    time.Duration
+		usec int
+	}{{0, 0}, {time.Nanosecond, 1}, {20 * time.Microsecond, 20}, {20*time.Microsecond + 1, 21}} {
+		if got := (Config{BusyPoll: tt.d}).busyPollUsec(); got != tt.usec {
+			t.Errorf("BusyPoll %v: %d us, want %d", tt.d, got, tt.usec)
+		}
 	}
 }

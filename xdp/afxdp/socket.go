@@ -29,11 +29,17 @@ type Stats struct {
 	FillRingEmpty  uint64 // frames dropped because the fill ring was empty
 	TxRingEmpty    uint64 // times the kernel found the TX ring empty when woken
 	KickErrors     uint64 // sendto/recvfrom wakeups that failed with an unexpected errno
+	TxKicks        uint64 // sendto calls made to transmit (Transmit)
+	RxWakeups      uint64 // recvfrom calls made to wake or busy-poll the queue (Refill, Drive)
 	FramesFree     int    // frames on the free stack
 	FramesFill     int    // frames given to the kernel for RX and not yet received
 	FramesTx       int    // frames given to the kernel for TX and not yet completed
 	FramesHeld     int    // frames the caller holds (received or allocated, not yet released)
 	ZeroCopy       bool   // whether the kernel bound the socket in zero-copy mode
+	// NAPIID is the NAPI context the socket's queue is polled by
+	// (SO_INCOMING_NAPI_ID), 0 while the kernel has not told the socket
+	// one: then busy polling has nothing to poll (veth in copy mode).
+	NAPIID uint32
 }
 
 // Socket is one AF_XDP socket bound to one queue of one interface, with its
@@ -45,6 +51,7 @@ type Socket struct {
 	queue     int
 	cfg       Config
 	zeroCopy  bool
+	busyPoll  bool // preferred busy polling is on: Drive polls the queue
 	frameSize uint64
 	frameMask uint64 // FrameSize-1: clears the kernel's offset within a frame
 
@@ -65,6 +72,8 @@ type Socket struct {
 	inTx   int // frames the kernel holds for TX
 
 	kickErrors uint64
+	txKicks    uint64
+	rxWakeups  uint64
 	pollFds    [1]unix.PollFd
 }
 
@@ -145,6 +154,9 @@ func (s *Socket) open() error {
 			return fmt.Errorf("setsockopt %s %d: %w", r.name, r.size, err)
 		}
 	}
+	if err := s.setBusyPoll(); err != nil {
+		return err
+	}
 
 	var off unix.XDPMmapOffsets
 	offLen := uint32(unsafe.Sizeof(off))
@@ -213,6 +225,38 @@ func (s *Socket) open() error {
 	return nil
 }
 
+// setBusyPoll applies Config.BusyPoll: SO_PREFER_BUSY_POLL, SO_BUSY_POLL
+// and SO_BUSY_POLL_BUDGET, the three options of preferred busy polling.
+func (s *Socket) setBusyPoll() error {
+	usec := s.cfg.busyPollUsec()
+	if usec == 0 {
+		return nil
+	}
+	budget := s.cfg.BusyPollBudget
+	if budget == 0 {
+		budget = DefaultBusyPollBudget
+	}
+	opts := []struct {
+		name string
+		opt  int
+		val  int
+	}{
+		{"SO_PREFER_BUSY_POLL", unix.SO_PREFER_BUSY_POLL, 1},
+		{"SO_BUSY_POLL", unix.SO_BUSY_POLL, usec},
+		{"SO_BUSY_POLL_BUDGET", unix.SO_BUSY_POLL_BUDGET, budget},
+	}
+	for _, o := range opts {
+		if err := unix.SetsockoptInt(s.fd, unix.SOL_SOCKET, o.opt, o.val); err != nil {
+			return fmt.Errorf("setsockopt %s %d: %w", o.name, o.val, err)
+		}
+	}
+	s.busyPoll = true
+	return nil
+}
+
+// BusyPolling reports whether preferred busy polling is on (Config.BusyPoll).
+func (s *Socket) BusyPolling() bool { return s.busyPoll }
+
 // Close unbinds the socket and unmaps its rings and UMEM. Frames and slices
 // from Frame are invalid afterwards. Close is safe to call twice.
 func (s *Socket) Close() error {
@@ -261,7 +305,9 @@ func (s *Socket) Stats() (Stats, error) {
 	if err := getsockopt(s.fd, unix.XDP_STATISTICS, unsafe.Pointer(&ks), &n); err != nil {
 		return Stats{}, fmt.Errorf("afxdp: getsockopt XDP_STATISTICS: %w", err)
 	}
+	napi, _ := unix.GetsockoptInt(s.fd, unix.SOL_SOCKET, unix.SO_INCOMING_NAPI_ID)
 	return Stats{
+		NAPIID:         uint32(napi),
 		RxDropped:      ks.Rx_dropped,
 		RxInvalidDescs: ks.Rx_invalid_descs,
 		TxInvalidDescs: ks.Tx_invalid_descs,
@@ -269,6 +315,8 @@ func (s *Socket) Stats() (Stats, error) {
 		FillRingEmpty:  ks.Rx_fill_ring_empty_descs,
 		TxRingEmpty:    ks.Tx_ring_empty_descs,
 		KickErrors:     s.kickErrors,
+		TxKicks:        s.txKicks,
+		RxWakeups:      s.rxWakeups,
 		FramesFree:     s.nfree,
 		FramesFill:     s.inFill,
 		FramesTx:       s.inTx,
@@ -321,19 +369,45 @@ func (s *Socket) Refill() int {
 	s.nfree = top
 	s.fill.submit(n)
 	s.inFill += int(n)
-	if s.zeroCopy && s.cfg.NeedWakeup && s.fill.needsWakeup() {
+	if s.cfg.NeedWakeup && s.fill.needsWakeup() {
+		// Only a driver that went to sleep for want of frames sets the
+		// flag (zero-copy drivers; copy mode never does, FINDINGS 4).
 		s.wakeRx()
 	}
 	return int(n)
 }
 
+// Drive asks the kernel for the receive work the socket needs from its
+// user, without blocking, and reports whether frames wait on the RX ring.
+// With Config.BusyPoll it polls the queue's NAPI context on the calling
+// CPU (recvfrom with MSG_DONTWAIT) whenever the ring is empty: under
+// preferred busy polling the device's interrupts stay off while the
+// application keeps polling, so nothing else moves frames. Otherwise it
+// makes a system call only when the fill ring's need-wakeup flag says the
+// driver sleeps. A worker spinning on an empty ring calls Drive in its
+// loop.
+func (s *Socket) Drive() bool {
+	if s.rx.available(1) > 0 {
+		return true
+	}
+	if !s.busyPoll && !(s.cfg.NeedWakeup && s.fill.needsWakeup()) {
+		return false
+	}
+	s.wakeRx()
+	return s.rx.available(1) > 0
+}
+
 // Transmit puts as many of descs on the TX ring as fit, in order, and
 // returns how many it took; the frames belong to the kernel until Complete
 // returns them to the free stack. The caller still owns descs[n:] and must
-// retry, Release them or drop them. Transmit wakes the kernel when it must:
-// always in copy mode, and in zero-copy mode without need-wakeup or when
-// the ring's need-wakeup flag is set. Transmit(nil) only kicks frames still
-// waiting on the ring.
+// retry, Release them or drop them. Transmit wakes the kernel (sendto) only
+// when it must: with need-wakeup, when the TX ring's flag is set (in copy
+// mode the kernel sets it at bind and keeps it set, since it transmits
+// inside sendto, so every Transmit with frames kicks; a zero-copy driver
+// sets it only when it stopped polling); without need-wakeup, always; and
+// with busy polling, always, since the caller's system calls are what
+// drive the queue. Transmit(nil) only kicks frames still waiting on the
+// ring.
 func (s *Socket) Transmit(descs []Desc) int {
 	n := s.tx.free(uint32(len(descs)))
 	if n > 0 {
@@ -344,7 +418,7 @@ func (s *Socket) Transmit(descs []Desc) int {
 		s.tx.submit(n)
 		s.inTx += int(n)
 	}
-	if s.zeroCopy && s.cfg.NeedWakeup && !s.tx.needsWakeup() {
+	if !s.busyPoll && s.cfg.NeedWakeup && !s.tx.needsWakeup() {
 		return int(n)
 	}
 	if n > 0 || s.tx.pending() > 0 {
@@ -359,6 +433,7 @@ func (s *Socket) Transmit(descs []Desc) int {
 func (s *Socket) kickTx() {
 	for {
 		before := s.tx.consumed()
+		s.txKicks++
 		_, _, errno := unix.Syscall6(unix.SYS_SENDTO, uintptr(s.fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
 		switch errno {
 		case 0, unix.EBUSY, unix.ENOBUFS, unix.ENETDOWN:
@@ -377,8 +452,10 @@ func (s *Socket) kickTx() {
 	}
 }
 
-// wakeRx tells a zero-copy driver that the fill ring has frames again.
+// wakeRx tells a driver that the fill ring has frames again, or, busy
+// polling, polls the queue once.
 func (s *Socket) wakeRx() {
+	s.rxWakeups++
 	_, _, errno := unix.Syscall6(unix.SYS_RECVFROM, uintptr(s.fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
 	switch errno {
 	case 0, unix.EAGAIN, unix.EBUSY, unix.EINTR, unix.ENOBUFS, unix.ENETDOWN:

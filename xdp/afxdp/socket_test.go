@@ -506,3 +506,107 @@ func TestRingsWrap(t *testing.T) {
 	}
 	checkFrames(t, s, 0)
 }
+
+// TestNeedWakeupRespected: with need-wakeup, Transmit calls sendto only
+// while the TX ring's flag asks for it (in copy mode the kernel keeps it
+// set: it transmits inside sendto), Refill and Drive call recvfrom only
+// while the fill ring's flag asks for it (never in copy mode), and an
+// empty Transmit with nothing pending calls nothing.
+func TestNeedWakeupRespected(t *testing.T) {
+	e := newEnv(t, 1)
+	cfg := DefaultConfig()
+	cfg.Mode = Copy
+	s := e.open(t, 0, cfg)
+	s.Refill()
+	peer := e.udpB(t, 7000)
+	if !s.tx.needsWakeup() {
+		t.Log("the TX ring's need-wakeup flag is clear in copy mode (FINDINGS 4 saw it always set)")
+	}
+	txFlag := s.tx.needsWakeup()
+	d, _ := s.Alloc()
+	d.Len = uint32(buildUDP(s.Frame(d)[:2048], macA, macB, ipA, ipB, 5000, 7000, []byte("kick")))
+	if s.Transmit([]Desc{d}) != 1 {
+		t.Fatal("Transmit refused a frame into an empty ring")
+	}
+	st, _ := s.Stats()
+	if txFlag && st.TxKicks == 0 || !txFlag && st.TxKicks != 0 {
+		t.Errorf("TX flag %v but %d sendto calls", txFlag, st.TxKicks)
+	}
+	peer.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, _, err := peer.ReadFromUDP(make([]byte, 64)); err != nil {
+		t.Fatalf("the transmitted frame did not arrive: %v", err)
+	}
+	for deadline := time.Now().Add(time.Second); s.Complete() == 0 && time.Now().Before(deadline); {
+	}
+	before, _ := s.Stats()
+	s.Transmit(nil) // nothing to send, nothing pending
+	for range 100 {
+		s.Refill()
+		s.Drive()
+	}
+	after, _ := s.Stats()
+	if after.TxKicks != before.TxKicks {
+		t.Errorf("Transmit(nil) with nothing pending made %d sendto calls", after.TxKicks-before.TxKicks)
+	}
+	if s.fill.needsWakeup() {
+		t.Log("the fill ring's need-wakeup flag is set in copy mode")
+	} else if after.RxWakeups != 0 {
+		t.Errorf("fill ring flag clear, yet %d recvfrom calls", after.RxWakeups)
+	}
+}
+
+// TestBusyPollOptions: a socket opened with BusyPoll carries the three
+// options of preferred busy polling, Drive polls the queue with recvfrom
+// when the RX ring is empty, and frames still arrive when Drive is all
+// the caller does. On veth in copy mode the socket never learns a NAPI
+// id, so there is nothing to busy-poll (FINDINGS 4): frames arrive through
+// the sender's softirq as without the options.
+func TestBusyPollOptions(t *testing.T) {
+	e := newEnv(t, 1)
+	cfg := DefaultConfig()
+	cfg.BusyPoll = 20 * time.Microsecond
+	cfg.BusyPollBudget = 32
+	s := e.open(t, 0, cfg)
+	if !s.BusyPolling() {
+		t.Fatal("BusyPolling false")
+	}
+	for _, o := range []struct {
+		name string
+		opt  int
+		want int
+	}{{"SO_PREFER_BUSY_POLL", unix.SO_PREFER_BUSY_POLL, 1}, {"SO_BUSY_POLL", unix.SO_BUSY_POLL, 20}} {
+		got, err := unix.GetsockoptInt(s.FD(), unix.SOL_SOCKET, o.opt)
+		if err != nil || got != o.want {
+			t.Errorf("%s = %d, %v; want %d", o.name, got, err, o.want)
+		}
+	}
+	s.Refill()
+	if s.Drive() {
+		t.Fatal("Drive found frames on an idle queue")
+	}
+	if st, _ := s.Stats(); st.RxWakeups != 1 {
+		t.Errorf("Drive on an empty ring made %d recvfrom calls, want 1", st.RxWakeups)
+	}
+	peer := e.udpB(t, 0)
+	const count = 50
+	for i := range count {
+		peer.WriteToUDP([]byte{byte(i)}, &net.UDPAddr{IP: ipA, Port: 9})
+	}
+	got := 0
+	buf := make([]Desc, 64)
+	for deadline := time.Now().Add(3 * time.Second); got < count && time.Now().Before(deadline); {
+		if s.Drive() {
+			n := s.Receive(buf)
+			for _, d := range buf[:n] {
+				s.Release(d)
+			}
+			got += n
+			s.Refill()
+		}
+	}
+	st, _ := s.Stats()
+	if got != count {
+		t.Fatalf("received %d of %d frames by Drive alone (stats %+v)", got, count, st)
+	}
+	t.Logf("NAPI id %d, %d recvfrom calls", st.NAPIID, st.RxWakeups)
+}

@@ -1,0 +1,167 @@
+package dataplane
+
+import (
+	"encoding/binary"
+
+	"github.com/xdproxy/xdproxy/nat"
+	"github.com/xdproxy/xdproxy/nat/conntrack"
+	"github.com/xdproxy/xdproxy/nat/packet"
+)
+
+// The worker's per-packet fast path. A batch is worked through twice:
+//
+//  1. prepare reads every frame's tuple straight from its headers (untagged
+//     IPv4 TCP and UDP without options or fragmentation, the common case),
+//     hashes it once, looks in the flow cache, and touches what the second
+//     pass will read (the conntrack entry of a cached flow, or the
+//     table's index slot): the cache misses of the whole batch overlap.
+//  2. process translates each frame. A frame whose flow the cache holds
+//     (and conntrack confirms, Revalidate) takes fastV4: a few length
+//     checks, the state update, and a rewrite whose checksum changes were
+//     worked out when the flow entered the cache, one update per checksum,
+//     TTL included. Everything else (other protocols, options, VLANs,
+//     fragments, ICMP errors, a TTL about to expire, a checksum left
+//     partial by offload, new flows) takes the general path: packet.Parse,
+//     nat.DecrementTTL, nat.CompleteIfPartial, nat.Rewrite. Both write the
+//     same bytes (TestFastPathMatchesGeneral).
+
+// prepared is what prepare found out about one frame of the batch.
+type prepared struct {
+	key  conntrack.Key
+	hash uint64
+	// quick says key and hash are the frame's (it is untagged IPv4 TCP or
+	// UDP, no options, not a fragment); else the rest means nothing.
+	quick bool
+	// way is the flow cache way that held key at prepare, -1 none; set
+	// is the set. A frame before this one may have replaced it since.
+	way int8
+	set uint32
+}
+
+// quickKey reads the tuple of an untagged IPv4 TCP or UDP frame without
+// IP options that is not a fragment. Whenever it reports true and
+// packet.Parse accepts the frame, Parse finds the same tuple.
+func quickKey(frame []byte) (conntrack.Key, bool) {
+	if len(frame) < packet.EthernetLen+packet.IPv4MinLen+4 || frame[12] != 0x08 || frame[13] != 0x00 || frame[14] != 0x45 {
+		return conntrack.Key{}, false
+	}
+	proto := packet.Proto(frame[23])
+	if proto != packet.ProtoTCP && proto != packet.ProtoUDP || frame[20]&0x3f != 0 || frame[21] != 0 {
+		return conntrack.Key{}, false
+	}
+	return conntrack.KeyV4([4]byte(frame[26:30]), [4]byte(frame[30:34]),
+		binary.BigEndian.Uint16(frame[34:36]), binary.BigEndian.Uint16(frame[36:38]), proto), true
+}
+
+// prepare is the first pass over frame, the i-th of the batch.
+func (p *Processor) prepare(i int, frame []byte) {
+	pre := &p.pre[i]
+	pre.way = -1
+	k, ok := quickKey(frame)
+	pre.quick = ok
+	if !ok {
+		return
+	}
+	ct := p.cfg.Conntrack
+	pre.key = k
+	pre.hash = ct.Hash(&pre.key)
+	if p.cacheOff {
+		p.touched += ct.Touch(pre.hash)
+		return
+	}
+	set, way := p.cache.lookup(&pre.key, pre.hash)
+	pre.set, pre.way = set, way
+	if way >= 0 {
+		p.touched += ct.TouchHandle(p.cache.sets[set][way].handle)
+		return
+	}
+	p.touched += ct.Touch(pre.hash)
+}
+
+// fastV4 translates a frame whose flow the cache holds in slot s (the
+// caller revalidated it), or reports false to leave the frame, untouched,
+// to the general path. See the comment at the top of the file.
+func (p *Processor) fastV4(frame []byte, s *flowSlot, now int64) (Verdict, bool) {
+	if !s.fast {
+		return Verdict{}, false
+	}
+	const l3, l4 = packet.EthernetLen, packet.EthernetLen + packet.IPv4MinLen
+	end := l3 + int(binary.BigEndian.Uint16(frame[l3+2:l3+4]))
+	ttl := frame[l3+8]
+	if end > len(frame) || end < l4 || ttl <= 1 {
+		return Verdict{}, false
+	}
+	seg := frame[l4:end]
+	proto := packet.Proto(frame[l3+9])
+	csumOff := 6
+	if proto == packet.ProtoTCP {
+		if len(seg) < packet.TCPMinLen {
+			return Verdict{}, false
+		}
+		if doff := int(seg[12]>>4) * 4; doff < packet.TCPMinLen || doff > len(seg) {
+			return Verdict{}, false
+		}
+		csumOff = 16
+	} else if len(seg) < packet.UDPLen || int(binary.BigEndian.Uint16(seg[4:6])) < packet.UDPLen ||
+		int(binary.BigEndian.Uint16(seg[4:6])) > len(seg) {
+		return Verdict{}, false
+	}
+	csum := binary.BigEndian.Uint16(seg[csumOff:])
+	if csum == nat.Fold(uint64(s.pseudo)+uint64(len(seg))) {
+		return Verdict{}, false // a checksum left partial by offload: nat.CompleteIfPartial
+	}
+	ct := p.cfg.Conntrack
+	if proto == packet.ProtoTCP {
+		if tcp, ok := conntrack.ParseTCPSegment(seg); ok {
+			if _, res := ct.UpdateTCP(s.handle, s.dir, tcp, now); res == conntrack.UpdateOutOfWindow {
+				return Verdict{Action: Drop, Reason: packet.DropOutOfWindow}, true
+			}
+		}
+	} else {
+		ct.Update(s.handle, s.dir, 0, now)
+	}
+	// TTL and addresses in one update of the header checksum: the TTL
+	// shares its 16-bit word with the protocol.
+	w := uint16(ttl)<<8 | uint16(proto)
+	ip := uint64(s.ipDelta) + uint64(^w) + uint64(w-0x100)
+	frame[l3+8] = ttl - 1
+	binary.BigEndian.PutUint16(frame[l3+10:], ^nat.Fold(uint64(^binary.BigEndian.Uint16(frame[l3+10:]))+ip))
+	rw := &s.rewrite
+	copy(frame[l3+12:l3+16], rw.Src[12:])
+	copy(frame[l3+16:l3+20], rw.Dst[12:])
+	binary.BigEndian.PutUint16(seg[0:], rw.SrcPort)
+	binary.BigEndian.PutUint16(seg[2:], rw.DstPort)
+	if s.l4Delta != 0 && (proto == packet.ProtoTCP || csum != 0) { // a zero UDP checksum means none
+		c := ^nat.Fold(uint64(^csum) + uint64(s.l4Delta))
+		if c == 0 && proto == packet.ProtoUDP {
+			c = 0xffff
+		}
+		binary.BigEndian.PutUint16(seg[csumOff:], c)
+	}
+	return Verdict{Action: Forward, NextHop: rw.Dst, Len: len(frame)}, true
+}
+
+// fastDeltas works out, for a flow whose packets arrive with tuple from and
+// leave with tuple to, what fastV4 needs: the change to the IPv4 header
+// checksum from the addresses, the change to the TCP or UDP checksum from
+// the addresses and ports, and the pseudo-header sum of from without its
+// length (to recognise a partial checksum). Only words that change count,
+// as in nat.Rewrite. ok is false unless both are IPv4 TCP or UDP.
+func fastDeltas(from, to *packet.Tuple) (ip, l4, pseudo uint16, ok bool) {
+	if !from.Src.Is4() || !from.Dst.Is4() || !to.Src.Is4() || !to.Dst.Is4() ||
+		from.Proto != packet.ProtoTCP && from.Proto != packet.ProtoUDP {
+		return 0, 0, 0, false
+	}
+	var addrs, ports uint64
+	for _, a := range [2][2]packet.Addr{{from.Src, to.Src}, {from.Dst, to.Dst}} {
+		if a[0] != a[1] {
+			addrs += uint64(^binary.BigEndian.Uint32(a[0][12:])) + uint64(binary.BigEndian.Uint32(a[1][12:]))
+		}
+	}
+	for _, pt := range [2][2]uint16{{from.SrcPort, to.SrcPort}, {from.DstPort, to.DstPort}} {
+		if pt[0] != pt[1] {
+			ports += uint64(^pt[0]) + uint64(pt[1])
+		}
+	}
+	return nat.Fold(addrs), nat.Fold(addrs + ports), nat.Fold(nat.PseudoHeaderSum(from.Src, from.Dst, from.Proto, 0)), true
+}

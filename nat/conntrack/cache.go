@@ -1,0 +1,111 @@
+package conntrack
+
+import (
+	"math/bits"
+	"time"
+)
+
+// This file is the table's side of a cache in front of it (a worker's
+// flow cache): hashing a key once for both, telling whether a cached flow
+// is still the entry's, and touching the memory of the next packets'
+// lookups early. See doc.go, "Caches in front of the table".
+
+// Hash is the hash the table files k under, for LookupKey and for a cache
+// that wants the same spread.
+func (t *Table) Hash(k *Key) uint64 { return hashKey(k, &t.seed) }
+
+// Revalidate reports whether flow h, read by a lookup that returned a
+// Flow with Stamp stamp, is still held by its entry and has not expired
+// at now. It is two atomic loads from the entry's first cache line (the
+// timer word and the sequence number), the line Update reads anyway.
+//
+// The sequence number changes with every insert into the entry and never
+// wraps, so an equal one means the keys and the translation are still the
+// ones the lookup read: a flow removed and its entry reused is never taken
+// for the one cached, however often that happened. The timer is read
+// first; a timer written by a later insert would come with a sequence
+// number that changed before it (inserts make the sequence odd before
+// they write the timer), so the check cannot pass on a half-written or
+// newer entry.
+func (t *Table) Revalidate(h Handle, stamp uint64, now int64) bool {
+	i := h.idx - 1 // 0 wraps past the end
+	if i >= uint32(len(t.entries)) {
+		return false
+	}
+	e := &t.entries[i]
+	tm := e.timer.Load()
+	if timerState(tm) == StateFree || timerGen(tm) != h.gen || timerDeadline(tm) <= msOf(now) {
+		return false
+	}
+	return e.seq.Load() == stamp
+}
+
+// Touch loads the index slot where the lookup of a key with hash h starts
+// and, when its tag matches, the entry it points to. A caller with a batch
+// of packets touches the next packets' lookups before it works on them, so
+// that their cache misses overlap instead of following one another (Go
+// has no prefetch instruction). The result means nothing; it is returned
+// so that the loads are not optimised away.
+func (t *Table) Touch(h uint64) uint64 {
+	arr := t.shardOf(h).index.Load()
+	s := arr.slots[h&arr.mask].Load()
+	if i := uint32(s) - 1; s>>tagShift == h>>tagShift && i < uint32(len(t.entries)) {
+		return t.entries[i].seq.Load()
+	}
+	return s
+}
+
+// TouchHandle loads the first cache line of flow h's entry, the one
+// Revalidate and Update read; see Touch.
+func (t *Table) TouchHandle(h Handle) uint64 {
+	if i := h.idx - 1; i < uint32(len(t.entries)) {
+		return t.entries[i].timer.Load()
+	}
+	return 0
+}
+
+// defaultSweepInterval is Config.SweepInterval's default.
+const defaultSweepInterval = 2 * time.Second
+
+// sweepChunk is the fewest entries SweepDue inspects at once: fewer calls
+// move the shared clock, and the slab is read in runs the hardware
+// prefetcher follows.
+const sweepChunk = 64
+
+// SweepDue removes expired flows from the part of the table that is due
+// at now, so that the calls of every worker together pass over the whole
+// table once per Config.SweepInterval, however many packets or batches
+// they see; each call inspects at most limit entries. Workers call it once
+// per batch and when idle: most calls find less than a chunk due and
+// return after one atomic load. A backlog (after a long pause, or at
+// start) is at most one pass. It returns the number removed.
+func (t *Table) SweepDue(now int64, limit int) int {
+	n := uint64(len(t.entries))
+	every := t.sweepEvery
+	for {
+		last := t.sweepClock.Load()
+		from := last
+		if now-from > every {
+			from = now - every
+		}
+		el := now - from
+		if el <= 0 {
+			return 0
+		}
+		// due = el * n / every; el <= every, so the quotient fits.
+		hi, lo := bits.Mul64(uint64(el), n)
+		due, _ := bits.Div64(hi, lo, uint64(every))
+		if due < sweepChunk && due < n {
+			return 0
+		}
+		due = min(due, uint64(limit))
+		if due == 0 {
+			return 0
+		}
+		hi, lo = bits.Mul64(due, uint64(every))
+		adv, _ := bits.Div64(hi, lo, n)
+		if t.sweepClock.CompareAndSwap(last, from+int64(max(adv, 1))) {
+			return t.Sweep(int(due), now)
+		}
+	}
+}
