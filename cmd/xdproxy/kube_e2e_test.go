@@ -16,41 +16,10 @@ import (
 )
 
 // kubeAgent starts a real API server and etcd, and xdproxy with the
-// kubernetes source in the testbed's node namespace.
+// kubernetes source in the testbed's node namespace (see kubeAgentWith).
 func kubeAgent(t *testing.T, tb *testbed.Testbed) (*kubetest.Cluster, *daemon) {
 	t.Helper()
-	cluster := kubetest.Start(t, kubetest.Options{})
-	cfg, err := clientcmd.LoadFromFile(cluster.Kubeconfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var target string
-	for _, c := range cfg.Clusters {
-		target = strings.TrimPrefix(c.Server, "https://")
-	}
-	ln, err := testbed.ForwardInto(tb.NodeNS(), target)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	fwd := ln.Addr().String()
-	for _, c := range cfg.Clusters {
-		c.Server = "https://" + fwd
-	}
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := clientcmd.WriteToFile(*cfg, kubeconfig); err != nil {
-		t.Fatal(err)
-	}
-	// The agent waits for a published table before returning, so give the
-	// cluster a service first.
-	apply(t, cluster, serviceFile(webSvc))
-	a := newAgentWith(t, tb, "", agentOptions{extraCfg: ""}, fmt.Sprintf(`services:
-  kubernetes:
-    kubeconfig: %s
-    minSyncPeriod: 100ms
-    maxSyncPeriod: 10s
-`, kubeconfig))
-	return cluster, a
+	return kubeAgentWith(t, tb, "minSyncPeriod: 100ms", "maxSyncPeriod: 10s")
 }
 
 func apply(t *testing.T, c *kubetest.Cluster, manifests string) {

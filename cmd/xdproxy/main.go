@@ -25,9 +25,10 @@ const usage = `usage:
         validate a config file and exit
   xdproxy admin [--socket PATH] CMD
         ask a running agent; CMD is one of stats, services, conntrack,
-        workers, interfaces, health, version, or channels IFACE N (set the
+        workers, interfaces, health, version, channels IFACE N (set the
         receive queues of a served interface, letting go of the queues
-        that go away first: Linux refuses ethtool -L while they are held)
+        that go away first: Linux refuses ethtool -L while they are held),
+        or faults N (a testing aid: fail the next N publishes)
   xdproxy cleanup --config FILE
         remove what xdproxy keeps for its next start: pinned XDP programs
         (detaching them), state files, the exception link
@@ -132,8 +133,10 @@ func adminCmd(args []string) error {
 		path = "/" + what
 	case what == "channels" && fs.NArg() == 3:
 		method, path = "POST", fmt.Sprintf("/channels?interface=%s&queues=%s", fs.Arg(1), fs.Arg(2))
+	case what == "faults" && fs.NArg() == 2:
+		method, path = "POST", "/debug/faults?publish="+fs.Arg(1)
 	default:
-		return errors.New("admin: name one of stats, services, conntrack, workers, interfaces, health, version, channels IFACE N")
+		return errors.New("admin: name one of stats, services, conntrack, workers, interfaces, health, version, channels IFACE N, faults N")
 	}
 	out, err := agent.AdminRequest(*sock, method, path)
 	if err != nil {
