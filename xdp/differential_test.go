@@ -7,6 +7,9 @@ import (
 	"maps"
 	"testing"
 
+	"github.com/google/gopacket"
+	"github.com/google/gopacket/layers"
+
 	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
@@ -388,6 +391,60 @@ func (m *progModel) restore(t testing.TB, o *Objects, keep map[datagram]bool) {
 	for _, k := range stale {
 		if err := o.frags.Delete(k); err != nil {
 			t.Fatalf("frags: delete %+v: %v", k, err)
+		}
+	}
+}
+
+// TestProgramDifferences shows each kept difference of
+// FuzzProgramAgainstParse on one frame: Parse rejects it, the program
+// claims it, and the fuzz target's judge allows that.
+func TestProgramDifferences(t *testing.T) {
+	o, a := newTestInstance(t)
+	if err := a.RegisterSocket(0, xskSocket(t)); err != nil {
+		t.Fatal(err)
+	}
+	m := newProgModel()
+	be := binary.BigEndian
+	const ip, l4 = packet.EthernetLen, packet.EthernetLen + packet.IPv4MinLen
+	for _, c := range []struct {
+		name   string
+		frame  []byte
+		reason packet.Reason
+		rule   rule
+	}{
+		{"IPv4 total length beyond the frame", edit(tcp4(t, client4, 12345, vip4, 80), func(b []byte) []byte {
+			be.PutUint16(b[ip+2:], 1000)
+			return b
+		}), packet.DropBadIPTotalLen, frontend},
+		{"IPv4 total length ending inside the TCP header", edit(tcp4(t, client4, 12345, vip4, 80), func(b []byte) []byte {
+			be.PutUint16(b[ip+2:], packet.IPv4MinLen+10)
+			return b
+		}), packet.DropShortL4, frontend},
+		{"TCP data offset beyond the packet", edit(tcp4(t, client4, 12345, vip4, 80), func(b []byte) []byte {
+			b[l4+12] = 0xf0
+			return b
+		}), packet.DropBadTCPOffset, frontend},
+		{"UDP length beyond the packet", edit(udp4(t, client4, 5000, vip4, 53), func(b []byte) []byte {
+			be.PutUint16(b[l4+4:], 500)
+			return b
+		}), packet.DropBadUDPLength, frontend},
+		{"ICMP error quoting 4 bytes of a masqueraded TCP header", icmpErr4(t, router4, 3, 4,
+			ipPacket(t, ip4(node4, backend4, layers.IPProtocolTCP), tcp(61001, 8080))[:packet.IPv4MinLen+4]), packet.DropShortICMPQuote, icmpError},
+		{"IPv6 later fragment to a VIP, next header destination options", frag6ID(t, 10, client6, vip6, layers.IPProtocolIPv6Destination, 1448, false,
+			gopacket.Payload(make([]byte, 64))), packet.PassIPv6ExtHeader, fragment},
+	} {
+		reason, _, _ := m.decide(c.frame)
+		ret, cs := runFrame(t, o, a, c.frame)
+		got, err := programRule(cs)
+		if err != nil {
+			t.Errorf("%s: %v", c.name, err)
+			continue
+		}
+		if reason != c.reason || got != c.rule {
+			t.Errorf("%s: Parse %v, program %v; want %v and %v", c.name, reason, got, c.reason, c.rule)
+		}
+		if err := m.judge(c.frame, reason, passed, got, ret); err != nil {
+			t.Errorf("%s: not allowed: %v", c.name, err)
 		}
 	}
 }

@@ -413,8 +413,11 @@ func TestServeHookMissing(t *testing.T) {
 		}
 		return p
 	}
+	// The scripts get a short timeout, so that the one that never says
+	// it is ready fails quickly; the real server keeps the default, which
+	// a loaded machine or the race detector needs.
 	defer func(d time.Duration) { serverReadyTimeout = d }(serverReadyTimeout)
-	serverReadyTimeout = 500 * time.Millisecond
+	realTimeout := serverReadyTimeout
 	for _, c := range []struct {
 		name, binary string
 		hook         bool // the error is ErrNoServeHook
@@ -425,6 +428,10 @@ func TestServeHookMissing(t *testing.T) {
 		{"server fails", script("fails", "echo 'xdproxy-testserver failed: listen tcp :80: address already in use'; exit 1"), false},
 		{"a real server", "", false},
 	} {
+		serverReadyTimeout = 500 * time.Millisecond
+		if c.binary == "" {
+			serverReadyTimeout = realTimeout
+		}
 		start := time.Now()
 		servers, err := startServers(c.binary, []serverSpec{{ns: ns, name: "x"}})
 		took := time.Since(start)
