@@ -89,6 +89,9 @@ func engineConfig(cfg *config.Config, host config.Host, log *slog.Logger) (datap
 		Conntrack: conntrack.Config{Capacity: ct.MaxEntries, Timeouts: ct.Timeouts,
 			FragmentCapacity: ct.FragmentMaxEntries, FragmentTimeout: ct.FragmentTimeout},
 	}
+	if b := cfg.Benchmark; b.IOFloor { // benchmarking only: every frame forwarded untranslated
+		e.IOFloor = &dataplane.IOFloor{Peers: []packet.Addr{packet.AddrFromNetip(b.IOFloorPeer)}}
+	}
 	switch a := cfg.Masquerade.Address; {
 	case a.Is4():
 		e.SNATAddress4 = packet.AddrFromNetip(a)
