@@ -226,8 +226,13 @@
 // An RST or FIN that is not in the window is ignored: the state and the
 // deadline stay, it is counted (Stats.OutOfWindowRST, OutOfWindowFIN), and
 // UpdateTCP returns UpdateOutOfWindow so that the caller drops it
-// (DropInvalidState). Other segments are never dropped; out-of-window ones
-// are only not recorded, so a blind attacker can neither close a flow nor
+// (DropOutOfWindow). One RST outside the window is let through: one
+// without ACK from the client before the flow is established, which
+// answers a peer still holding an older connection of the same tuple (an
+// early-dropped flow's SNAT port given out again) with seq = that peer's
+// ACK, as RFC 9293 prescribes in SYN-SENT; it is what clears the peer's
+// stale state. Other segments are never dropped; out-of-window ones are
+// only not recorded, so a blind attacker can neither close a flow nor
 // widen its window. A recorded segment moves its side's end forward only
 // when it is more than 16 KiB past the stored end (or it is a SYN, FIN or
 // RST), and the window only when it grows, so a bulk sender writes its word

@@ -87,7 +87,7 @@ func (r UpdateResult) String() string {
 // RST or FIN does not fit the tracked connection.
 func (r UpdateResult) Reason() packet.Reason {
 	if r == UpdateOutOfWindow {
-		return packet.DropInvalidState
+		return packet.DropOutOfWindow
 	}
 	return packet.OK
 }
@@ -238,7 +238,15 @@ func (t *Table) UpdateTCP(h Handle, dir Direction, seg TCPSegment, now int64) (S
 		if !sameTag(wd, tag) || !sameTag(wr, tag) {
 			return StateFree, UpdateGone // reused since the timer was read
 		}
-		if !inWindow(s, wd, wr, &seg) {
+		// RFC 9293 (3.10.7.3): a client in SYN-SENT that gets an
+		// unacceptable ACK, from a peer still holding an older connection
+		// of the same tuple (an early-dropped flow's SNAT port handed out
+		// again), answers with a RST whose sequence number is that ACK
+		// and which carries no ACK. It is outside the client's own window
+		// by nature, and it must get through: it is what clears the stale
+		// state on the peer.
+		staleReset := dir == Original && s < TCPEstablished && seg.Flags&(packet.TCPRst|packet.TCPAck) == packet.TCPRst
+		if !staleReset && !inWindow(s, wd, wr, &seg) {
 			c := &t.ownerOf(h.idx - 1).c
 			if seg.Flags&packet.TCPRst != 0 {
 				c.outOfWindowRST.Add(1)

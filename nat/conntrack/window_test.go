@@ -133,6 +133,12 @@ func TestTCPWindowRSTAndFIN(t *testing.T) {
 		{"rst answering a syn, wrong ack", handshake[:1], pk(Reply, rstack, 0, 77777, 0, 0), UpdateOutOfWindow, TCPSynSent},
 		{"rst without ack in SYN_SENT", handshake[:1], pk(Reply, rst, 0, 0, 0, 0), UpdateOutOfWindow, TCPSynSent},
 		{"client aborts its own syn", handshake[:1], pk(Original, rst, 1001, 0, 0, 0), UpdateOK, TCPClose},
+		// The peer still holds an older connection of this tuple and
+		// answers the SYN with an ACK of its own; the client resets it
+		// with that ACK as sequence number (RFC 9293, SYN-SENT).
+		{"client resets a stale peer's answer", []seg{handshake[0], pk(Reply, ack, 9000, 555556, 509, 0)},
+			pk(Original, rst, 555556, 0, 0, 0), UpdateOK, TCPClose},
+		{"client rst far away once established", handshake, pk(Original, rst, 555556, 0, 0, 0), UpdateOutOfWindow, TCPEstablished},
 
 		// Picked up mid-stream: only the client is known.
 		{"loose: peer reset without ack", []seg{pk(Original, ack, 7777, 1, 1000, 10)}, pk(Reply, rst, 1, 0, 0, 0), UpdateOK, TCPClose},
@@ -165,7 +171,7 @@ func TestTCPWindowRSTAndFIN(t *testing.T) {
 			if res == UpdateOutOfWindow && (c.last.Flags&rst != 0) != (stats.OutOfWindowRST == 1) {
 				t.Errorf("counted as the wrong kind: %+v", stats)
 			}
-			if res.Reason() != map[UpdateResult]packet.Reason{UpdateOK: packet.OK, UpdateOutOfWindow: packet.DropInvalidState}[res] {
+			if res.Reason() != map[UpdateResult]packet.Reason{UpdateOK: packet.OK, UpdateOutOfWindow: packet.DropOutOfWindow}[res] {
 				t.Errorf("Reason %v", res.Reason())
 			}
 		})
