@@ -36,9 +36,11 @@ func startEngine(cfg *config.Config, host config.Host, log *slog.Logger) (*datap
 		return nil, err
 	}
 	// The XDP flow table holds one reply tuple per tracked connection,
-	// with room for the tuples of ended ones not yet deleted.
+	// with room for the tuples of ended ones not yet deleted: under churn
+	// (a flood evicting flows as fast as they come) deletions lag behind
+	// evictions, so the room is generous.
 	xo := xdp.Options{MaxFrontends: cfg.XDPTables.MaxFrontends, MaxAddrs: cfg.XDPTables.MaxAddresses,
-		MaxFlows: cfg.Conntrack.MaxEntries + cfg.Conntrack.MaxEntries/4, PinDir: pins}
+		MaxFlows: flowTableSize(cfg.Conntrack.MaxEntries), PinDir: pins}
 	ko := dataplane.KernelOptions{Interfaces: names, Tables: xo, Log: log}
 	if cfg.LocalClients.Enabled {
 		if ecfg.LocalClientsCgroup = cfg.LocalClients.Cgroup; ecfg.LocalClientsCgroup == "" {
@@ -74,6 +76,10 @@ func cgroup2Root() (string, error) {
 	}
 	return "", errors.New("no cgroup2 mount in /proc/self/mountinfo; set localClients.cgroup or localClients.enabled: false")
 }
+
+// flowTableSize is the XDP flow table's size for a connection table of n
+// flows: twice as many, and at least 64Ki more.
+func flowTableSize(n int) int { return max(2*n, n+1<<16) }
 
 // engineConfig maps the configuration onto the dataplane's settings. host
 // gives the CPUs of interfaces that name none.
