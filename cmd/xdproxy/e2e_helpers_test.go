@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -24,6 +25,25 @@ import (
 // The end-to-end tests run the real xdproxy binary in the node namespace of
 // a testbed, with real servers in the backend namespaces and real clients in
 // the client namespace. They need root; `make test` runs them.
+
+// logBuffer collects a daemon's output: os/exec's copying goroutine
+// writes it while the test reads it.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
 
 // daemonEnv marks a run of this test binary that is the daemon itself:
 // TestMain then calls main, so the tests need no separately built binary.
@@ -132,7 +152,7 @@ type daemon struct {
 	services string
 	admin    string
 	cmd      *exec.Cmd
-	log      *bytes.Buffer
+	log      *logBuffer
 	exited   chan struct{} // closed when the process has exited
 	exitErr  error
 }
@@ -233,7 +253,7 @@ bpffsDir: %s
 // serves its admin socket with a published table.
 func (a *daemon) start() {
 	a.t.Helper()
-	a.log = &bytes.Buffer{}
+	a.log = &logBuffer{}
 	a.cmd = xdproxyCommand("run", "--config", a.config)
 	a.cmd.Stdout, a.cmd.Stderr = a.log, a.log
 	// Not ip netns exec: it would hide the bpffs the agent pins to.

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net/netip"
@@ -268,7 +267,7 @@ func checkAdopted(t *testing.T, a *daemon) int {
 // published table.
 func (a *daemon) startBuild(binary string) {
 	a.t.Helper()
-	a.log = &bytes.Buffer{}
+	a.log = &logBuffer{}
 	a.cmd = exec.Command(binary, "run", "--config", a.config)
 	a.cmd.Stdout, a.cmd.Stderr = a.log, a.log
 	if err := testbed.StartIn(a.ns, a.cmd); err != nil {
