@@ -57,6 +57,8 @@ func clientMain(specJSON string) int {
 		deadline := time.Now().Add(spec.Duration)
 		for range max(spec.Workers, 1) {
 			wg.Go(func() {
+				// A Sockaddr of its own: Connect writes into it.
+				_, sa := sockaddr(spec.Family, spec.Addr, spec.Port)
 				var mine []result
 				for time.Now().Before(deadline) {
 					mine = append(mine, tcpOnce(dom, sa, true))

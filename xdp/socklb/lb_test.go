@@ -67,7 +67,7 @@ func TestClientsSeeTheVIP(t *testing.T) {
 			if r.Err != "ENETUNREACH" {
 				t.Errorf("UDP from outside the cgroup: %+v, want ENETUNREACH (not translated)", r)
 			}
-			if d := time.Since(start); d > 2*time.Second {
+			if d := time.Since(start); d > 2*time.Second && !raceEnabled {
 				t.Errorf("untranslated clients took %v to fail", d)
 			}
 		})
@@ -156,6 +156,9 @@ func TestAffinity(t *testing.T) {
 		t.Errorf("affinity hits %d, want 49", c.AffinityHits)
 	}
 
+	if raceEnabled {
+		return // the timing below does not hold with racing clients
+	}
 	// Connects 0.6 s apart: each one refreshes the 1 s timeout, so the
 	// last still finds the first's backend 2.4 s later.
 	for range 4 {
@@ -287,6 +290,9 @@ func TestUpdatesWhileConnecting(t *testing.T) {
 
 	done := make(chan []result)
 	go func() {
+		// runClient's t.Fatal ends only this goroutine: close done then
+		// too, or the updates below never stop.
+		defer close(done)
 		done <- w.runClient(t, w.pod, true, clientSpec{Mode: "loop", Family: "4", Addr: vip4, Port: 80,
 			Duration: 1500 * time.Millisecond, Workers: 2})
 	}()

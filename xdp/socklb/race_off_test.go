@@ -1,0 +1,5 @@
+//go:build !race
+
+package socklb
+
+const raceEnabled = false
