@@ -41,7 +41,7 @@ func writeCSV(path string, rows [][]string) error {
 // WriteCSV writes the four CSV files and run.json into dir.
 func WriteCSV(dir string, r *Run) error {
 	tp := [][]string{{"feed", "path", "services", "traffic", "flows", "zero_loss_pps", "at_generator_limit", "cost_ns_per_pkt",
-		"own_ns_per_pkt", "cpu_ns_per_pkt", "capacity_pps_per_core", "cost_rate_pps", "cost_run_loss", "feed_loss", "setup_ms", "note"}}
+		"own_ns_per_pkt", "cpu_ns_per_pkt", "capacity_pps_per_core", "cost_rate_pps", "cost_run_loss", "feed_loss", "other_work", "setup_ms", "note"}}
 	curve := [][]string{{"feed", "path", "services", "traffic", "flows", "offered_pps", "sent_pps", "received_pps", "loss"}}
 	for _, p := range r.Packet {
 		own := ""
@@ -50,7 +50,7 @@ func WriteCSV(dir string, r *Run) error {
 		}
 		tp = append(tp, []string{p.Feed, p.Path, strconv.Itoa(p.Services), p.Traffic, strconv.Itoa(p.Flows), f64(p.ZeroLoss),
 			strconv.FormatBool(p.AtGenLimit), f64(p.CostNs), own, f64(p.CPUNs), f64(p.Capacity()), f64(p.CostRate),
-			f64(p.CostLoss), f64(p.FeedLoss), strconv.FormatInt(p.Setup.Milliseconds(), 10), p.Note})
+			f64(p.CostLoss), f64(p.FeedLoss), f64(p.OtherWork), strconv.FormatInt(p.Setup.Milliseconds(), 10), p.Note})
 		for _, pt := range p.Curve {
 			curve = append(curve, []string{p.Feed, p.Path, strconv.Itoa(p.Services), p.Traffic, strconv.Itoa(p.Flows),
 				f64(pt.Offered), f64(pt.Sent), f64(pt.Received), f64(pt.Loss())})

@@ -115,6 +115,10 @@ type Packet struct {
 	// reached the node's receiving interface (lost in the generator's
 	// namespace, not by the path under test), -1 when unknown.
 	FeedLoss float64 `json:"feedLoss"`
+	// OtherWork is the median share of the cost runs during which other
+	// work (not the path's threads) kept the forwarding CPU busy: on a
+	// shared machine, the measure of how disturbed the figures are.
+	OtherWork float64 `json:"otherWork"`
 	// Setup is the time to program the path (rules loaded, or xdproxy
 	// started and its table published).
 	Setup time.Duration  `json:"setupNs"`
@@ -184,6 +188,8 @@ type Run struct {
 	Feeds []Feed `json:"feeds"`
 	// TCPFeed says how the TCP test's traffic reaches the node.
 	TCPFeed string `json:"tcpFeed,omitempty"`
+	// Scheduling says which priorities the benchmark's threads ran at.
+	Scheduling string `json:"scheduling,omitempty"`
 	// KubeProxy describes the real kube-proxy paths (empty when none ran).
 	KubeProxy string `json:"kubeProxy,omitempty"`
 

@@ -445,3 +445,30 @@ func (x *xdproxyProc) checkMode(path string) error {
 	}
 	return nil
 }
+
+// workerThreads returns the thread IDs of the workers on cpu, from the
+// admin socket's /workers.
+func (x *xdproxyProc) workerThreads(cpu int) ([]int, error) {
+	b, err := x.get("/workers")
+	if err != nil {
+		return nil, err
+	}
+	var ws []struct {
+		Interface string `json:"interface"`
+		CPU       int    `json:"cpu"`
+		TID       int    `json:"tid"`
+	}
+	if err := json.Unmarshal(b, &ws); err != nil {
+		return nil, fmt.Errorf("xdproxy's /workers: %w", err)
+	}
+	var tids []int
+	for _, w := range ws {
+		if w.CPU == cpu && w.TID > 0 {
+			tids = append(tids, w.TID)
+		}
+	}
+	if len(tids) == 0 {
+		return nil, fmt.Errorf("xdproxy's /workers lists no worker on CPU %d: %s", cpu, b)
+	}
+	return tids, nil
+}

@@ -116,7 +116,8 @@ func (e *env) attachSink(ns, iface string, cpu int) ([]int, error) {
 	return e.threaded(ns, iface, cpu)
 }
 
-// threaded turns threaded NAPI on for iface and pins its kthreads to cpu.
+// threaded turns threaded NAPI on for iface and pins its kthreads to cpu,
+// with the benchmark's priority.
 func (e *env) threaded(ns, iface string, cpu int) ([]int, error) {
 	pids, err := e.t.SetThreaded(ns, iface)
 	if err != nil {
@@ -125,7 +126,26 @@ func (e *env) threaded(ns, iface string, cpu int) ([]int, error) {
 	if err := topo.Pin(cpu, pids...); err != nil {
 		return nil, err
 	}
-	return pids, topo.SetNice(e.cfg.Nice, pids...)
+	return pids, e.cfg.napiPriority(pids...)
+}
+
+// napiPriority gives NAPI kthreads the benchmark's priority: SCHED_FIFO at
+// RTPriority (as the softirqs of a NIC run before any thread), or the nice
+// value without it.
+func (c *Config) napiPriority(tids ...int) error {
+	if c.RTPriority > 0 {
+		return topo.SetFIFO(c.RTPriority, tids...)
+	}
+	return topo.SetNice(c.Nice, tids...)
+}
+
+// workerPriority is the SCHED_FIFO priority of xdproxy's workers, below
+// the NAPI kthreads they share the CPU with (0: none).
+func (c *Config) workerPriority() int {
+	if c.RTPriority <= 0 {
+		return 0
+	}
+	return max(1, c.RTPriority-10)
 }
 
 // newEnv builds the topology with the feed, and programs path.
@@ -141,6 +161,9 @@ func newEnv(cfg *Config, fk feed.Kind, path string, services int, proto kernelru
 	}
 	gen, fwd := cfg.Plan.GenCPU, cfg.Plan.ForwardCPU
 	if e.feed, err = feed.Setup(e.t, fk, gen, cfg.Nice); err != nil {
+		return nil, err
+	}
+	if err := cfg.napiPriority(e.feed.Threads...); err != nil {
 		return nil, err
 	}
 	// Frames of the generator's interface must qualify for the peer's
@@ -221,6 +244,18 @@ func newEnv(cfg *Config, fk feed.Kind, path string, services int, proto kernelru
 			fwdThreads = append(fwdThreads, th...)
 		}
 		e.probe.Processes = []int{e.xdproxy.pid()}
+		// Poll-mode workers sleep when idle and may be real-time like the
+		// NAPI kthreads; busy-polling ones never sleep and would starve
+		// each other at one real-time priority, so they stay ordinary.
+		if prio := cfg.workerPriority(); prio > 0 && path != report.PathBusyPoll {
+			tids, err := e.xdproxy.workerThreads(fwd)
+			if err != nil {
+				return nil, err
+			}
+			if err := topo.SetFIFO(prio, tids...); err != nil {
+				return nil, err
+			}
+		}
 	default:
 		return nil, fmt.Errorf("runner: unknown path %q", path)
 	}

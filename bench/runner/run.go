@@ -71,6 +71,12 @@ type Config struct {
 	// pins (generator, NAPI kthreads, xdproxy), so that other work on a
 	// shared machine disturbs all paths less and equally.
 	Nice int
+	// RTPriority, when positive, makes the NAPI kthreads of the topology
+	// SCHED_FIFO at this priority and xdproxy's poll-mode workers at ten
+	// less: work that other processes of a shared machine cannot
+	// preempt, for the kernel paths (all of whose forwarding runs in NAPI)
+	// and xdproxy alike.
+	RTPriority int
 	// Only restricts the run to these paths (the limit always runs).
 	Only []string
 	// Verbose logs every trial.
@@ -232,6 +238,11 @@ func Run(cfg *Config) (*report.Run, error) {
 		TCPFeed: TCPFeed,
 	}
 	r.XDProxy = strings.TrimSpace(cmdOut(cfg.XDProxyBin, "version")) + ": " + r.XDProxy
+	r.Scheduling = fmt.Sprintf("every NAPI kthread of the topology at nice %d, xdproxy and the generator at nice %d", cfg.Nice, cfg.Nice)
+	if cfg.RTPriority > 0 {
+		r.Scheduling = fmt.Sprintf("every NAPI kthread of the topology SCHED_FIFO %d (as a NIC's softirqs run before any thread) and xdproxy's poll-mode workers SCHED_FIFO %d, so that other work on this shared machine cannot preempt the forwarding of either; busy-polling workers, which never sleep, stay ordinary threads, as do xdproxy's other threads and the generator (nice %d)",
+			cfg.RTPriority, cfg.workerPriority(), cfg.Nice)
+	}
 	for _, f := range cfg.Feeds {
 		r.Feeds = append(r.Feeds, report.Feed{Name: string(f), Description: f.Describe(cfg.Plan)})
 	}
@@ -355,8 +366,8 @@ type member struct {
 	// The cost runs of the current traffic, how many were done again
 	// because other work held the forwarding CPU, and how many were still
 	// disturbed after the last try.
-	costs, cpus, losses, feedLosses []float64
-	redone, disturbed               int
+	costs, cpus, losses, feedLosses, others []float64
+	redone, disturbed                       int
 }
 
 // runGroup sets up a group's variants and measures each traffic pattern
@@ -420,7 +431,7 @@ func runGroup(cfg *Config, g group, ceiling float64) (out packetOut) {
 			m.e.aim(m.services, tr)
 			m.res = report.Packet{Feed: string(m.feed), Path: m.path, Services: m.services, Traffic: tr.Name(), Flows: tr.Flows,
 				Setup: m.e.setup, Note: m.e.note, FeedLoss: -1}
-			m.costs, m.cpus, m.losses, m.feedLosses, m.redone, m.disturbed = nil, nil, nil, nil, 0, 0
+			m.costs, m.cpus, m.losses, m.feedLosses, m.others, m.redone, m.disturbed = nil, nil, nil, nil, nil, 0, 0
 			if m.path == report.PathLimit && ceiling <= 0 {
 				// The generator's ceiling, straight into the XDP_DROP
 				// sink on n0.
@@ -474,6 +485,7 @@ func runGroup(cfg *Config, g group, ceiling float64) (out packetOut) {
 					m.disturbed++
 				}
 				m.costs, m.cpus, m.losses = append(m.costs, t.costNs), append(m.cpus, t.cpuNs), append(m.losses, t.point.Loss())
+				m.others = append(m.others, t.otherShare)
 				if t.feedLoss >= 0 {
 					m.feedLosses = append(m.feedLosses, t.feedLoss)
 				}
@@ -483,6 +495,7 @@ func runGroup(cfg *Config, g group, ceiling float64) (out packetOut) {
 			res := &m.res
 			res.CostRate = costRate
 			res.CostRuns, res.CostNs, res.CPUNs, res.CostLoss = m.costs, search.Median(m.costs), search.Median(m.cpus), search.Median(m.losses)
+			res.OtherWork = search.Median(m.others)
 			if len(m.feedLosses) == len(m.costs) {
 				res.FeedLoss = search.Median(m.feedLosses)
 			}

@@ -388,6 +388,21 @@ func SetNice(nice int, tids ...int) error {
 	return nil
 }
 
+// SetFIFO makes threads real-time (SCHED_FIFO at prio, 1-99): they run
+// before every ordinary thread of their CPU, so that other work on a
+// shared machine cannot take the CPU from them mid-trial. The kernel's
+// real-time throttling (sched_rt_runtime_us) still leaves ordinary
+// threads a share of each second.
+func SetFIFO(prio int, tids ...int) error {
+	attr := unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_FIFO, Priority: uint32(prio)}
+	for _, tid := range tids {
+		if err := unix.SchedSetAttr(tid, &attr, 0); err != nil {
+			return fmt.Errorf("topo: SCHED_FIFO %d for thread %d: %w", prio, tid, err)
+		}
+	}
+	return nil
+}
+
 // NAPIThreads asks the kernel's netdev family for the kthread PIDs of
 // iface's NAPI instances; thread names repeat across namespaces, so names
 // cannot tell topologies apart.

@@ -97,6 +97,7 @@ func benchCmd(args []string) error {
 		pktgenBin    = fs.String("pktgen", "", "xdproxy-pktgen binary (default: next to this one)")
 		xdproxyBin   = fs.String("xdproxy", "", "xdproxy binary to measure (default: next to this one)")
 		nice         = fs.Int("nice", -10, "nice value of the generator, the forwarding threads and xdproxy")
+		rtPrio       = fs.Int("rt-priority", 50, "SCHED_FIFO priority of the NAPI kthreads (xdproxy's poll-mode workers get ten less), so that other work on a shared machine cannot preempt the forwarding; 0: ordinary threads at --nice")
 		rulesTimeout = fs.Duration("rules-timeout", 3*time.Minute, "give up on a ruleset that takes longer than this to load")
 		only         = fs.String("only", "", "measure only these paths (comma-separated; the limit always runs first)")
 		verbose      = fs.Bool("v", false, "log every trial")
@@ -146,7 +147,7 @@ func benchCmd(args []string) error {
 		FrameSize: *size, Tolerance: 0.001, Settle: 150 * time.Millisecond,
 		Packet: *packet, TCP: *tcp, TCPServices: []int{1, 1000}, TCPDuration: 3 * time.Second, TCPConcurrency: 8,
 		Self: self, Pktgen: *pktgenBin, XDProxyBin: *xdproxyBin, IPTablesRestore: *iptables, RulesTimeout: *rulesTimeout,
-		Profile: *profile, ProfileServices: *profileSvc, ProfileTrial: 3 * time.Second, Verbose: *verbose, Nice: *nice,
+		Profile: *profile, ProfileServices: *profileSvc, ProfileTrial: 3 * time.Second, Verbose: *verbose, Nice: *nice, RTPriority: *rtPrio,
 		Only: splitList(*only), KubeBins: kubeBins, KubeBinsErr: kubeErr,
 		QuietWait: 2 * time.Minute, QuietBusy: 0.3, Redos: 2, RedoOther: 0.25,
 	}
