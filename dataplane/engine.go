@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
@@ -109,6 +110,8 @@ type Engine struct {
 	nicMu   sync.Mutex // serialises reconciling, SetChannels and Close
 	nics    []*nic
 	seq     uint64 // workers made, seeds their random sources
+	// seedBase makes every process's random backend choices its own.
+	seedBase uint64
 	closing bool
 
 	publishMu  sync.Mutex
@@ -118,6 +121,9 @@ type Engine struct {
 	// janitor, which deletes them from the XDP flow table.
 	gone        chan xdp.FlowKey
 	goneDropped atomic.Uint64 // tuples the full channel lost (the reconciler deletes them)
+	// reconcileNow asks the flow reconciler for a pass now rather than at
+	// its next tick: tuples were lost, or the flow table refused one.
+	reconcileNow chan struct{}
 
 	closeOnce sync.Once
 	closeErr  error
@@ -167,7 +173,7 @@ func Start(cfg EngineConfig) (_ *Engine, err error) {
 	}
 	e := &Engine{cfg: cfg, log: cfg.Log, k: cfg.Kernel, tables: cfg.Kernel.Tables(),
 		errs: make(chan error, 64), stop: make(chan struct{}), kick: make(chan struct{}, 1),
-		gone: make(chan xdp.FlowKey, 4096)}
+		gone: make(chan xdp.FlowKey, goneQueue), reconcileNow: make(chan struct{}, 1), seedBase: rand.Uint64()}
 	cfg.Conntrack.OnRemove = e.flowGone
 	if cfg.StateDir != "" {
 		if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
@@ -564,13 +570,14 @@ func (e *Engine) newWorker(n *nic, p *Port, i int) *Worker {
 	e.seq++
 	proc := NewProcessor(ProcessorConfig{
 		Services: &e.services, Conntrack: e.ct, Affinity: e.aff,
-		SNATPorts: e.cfg.SNATPorts, SNATSource: e.snatSource, Seed: e.seq * 0x9e3779b97f4a7c15,
+		SNATPorts: e.cfg.SNATPorts, SNATSource: e.snatSource, Seed: e.seedBase + e.seq*0x9e3779b97f4a7c15,
 	})
 	cpu := -1
 	if len(n.cfg.CPUs) > 0 {
 		cpu = n.cfg.CPUs[i%len(n.cfg.CPUs)]
 	}
-	return NewWorker(WorkerConfig{CPU: cpu, BatchSize: e.cfg.BatchSize, BusyPoll: e.cfg.BusyPoll, IOFloor: e.cfg.IOFloor},
+	return NewWorker(WorkerConfig{CPU: cpu, BatchSize: e.cfg.BatchSize, BusyPoll: e.cfg.BusyPoll, IOFloor: e.cfg.IOFloor,
+		FlowTableRefused: e.reconcileSoon},
 		p, &e.egress, proc, e.ct, e.k.Resolver(), e.tables.NewFlowWriter(maxBatch))
 }
 
@@ -761,7 +768,9 @@ func (e *Engine) SetChannels(name string, queues int) error {
 	return err
 }
 
-// Publish makes t the table workers use and programs the XDP maps for it:
+// Publish makes t the table workers use and programs the XDP maps for it.
+// When programming fails the workers keep the previous table, the error
+// says why, and the next Publish programs the maps in full:
 // the table is swapped first (one atomic store), then the maps gain new keys
 // before losing stale ones, so no packet of a live service is handed to the
 // kernel in between. UDP flows to endpoints that t no longer has are
@@ -777,11 +786,15 @@ func (e *Engine) Publish(t *service.Table) error {
 	unchanged := old != nil && e.programmed &&
 		sameSlice(old.FrontendKeys(), t.FrontendKeys()) && sameSlice(old.VIPs(), t.VIPs())
 	if !unchanged {
-		if err := e.programXDP(t); err != nil {
-			e.programmed = false
-			return err
+		err := e.programXDP(t)
+		if err == nil {
+			err = e.programLocalClients(t)
 		}
-		if err := e.programLocalClients(t); err != nil {
+		if err != nil {
+			// The workers go back to the table the kernel's maps were
+			// last fully programmed for; the caller retries, and the
+			// next Publish programs the maps in full again.
+			e.services.Store(old)
 			e.programmed = false
 			return err
 		}
@@ -923,9 +936,18 @@ func (e *Engine) flowGone(_, reply packet.Tuple) {
 	select {
 	case e.gone <- xdp.FlowKey(reply):
 	default:
+		// More flows end than the janitor keeps up with (a flood being
+		// early-dropped): the reconciler deletes what was lost, soon.
 		e.goneDropped.Add(1)
+		select {
+		case e.reconcileNow <- struct{}{}:
+		default:
+		}
 	}
 }
+
+// goneQueue bounds the tuples of ended flows waiting for deletion.
+const goneQueue = 1 << 16
 
 // deleteGoneFlows deletes the reply tuples of ended flows from the XDP flow
 // table, in batches, so that a later connection with the same tuple that is
@@ -980,10 +1002,26 @@ func (e *Engine) reconcileFlows() {
 		case <-e.stop:
 			return
 		case <-t.C:
+		case <-e.reconcileNow:
+			// Asked early: at most one such pass per second.
+			select {
+			case <-e.stop:
+				return
+			case <-time.After(time.Second):
+			}
 		}
 		if _, _, err := e.reconcileOnce(); err != nil {
 			e.log.Warn("reconciling the XDP flow map", "err", err)
 		}
+	}
+}
+
+// reconcileSoon asks for a pass of the flow reconciler without waiting for
+// its tick: a worker whose flow-table write was refused calls it.
+func (e *Engine) reconcileSoon() {
+	select {
+	case e.reconcileNow <- struct{}{}:
+	default:
 	}
 }
 

@@ -352,15 +352,19 @@ func TestMixedFrameSizesRefused(t *testing.T) {
 func TestPublishFailureIsReturnedAndRetried(t *testing.T) {
 	fn := startFakeNode(t, 1, nil)
 	tbl := service.Compile(testModel(), service.CompileOptions{})
+	before := fn.e.Services().Load()
 	fn.k.faults.setTables = 1
 	if err := fn.e.Publish(tbl); err == nil {
 		t.Fatal("Publish succeeded although SetTables failed")
 	}
-	before := fn.k.tables.sets
+	if fn.e.Services().Load() != before {
+		t.Error("a failed Publish left its table in the workers' hands")
+	}
+	sets := fn.k.tables.sets
 	if err := fn.e.Publish(tbl); err != nil {
 		t.Fatal(err)
 	}
-	if fn.k.tables.sets != before+1 {
+	if fn.k.tables.sets != sets+1 || fn.e.Services().Load() != tbl {
 		t.Errorf("the maps were not programmed again after a failure")
 	}
 }

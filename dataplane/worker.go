@@ -55,6 +55,10 @@ type WorkerConfig struct {
 	// IOFloor, when set, makes the worker forward every frame untouched
 	// but for its MACs: a benchmarking mode (see IOFloor).
 	IOFloor *IOFloor
+	// FlowTableRefused, when set, is called (off the per-packet path)
+	// after the XDP flow table refused reply tuples: the engine then
+	// reconciles the table at once instead of at its next tick.
+	FlowTableRefused func()
 }
 
 // Worker forwards the frames of one Port. Run must be called once, on its
@@ -112,7 +116,7 @@ func NewWorker(cfg WorkerConfig, port *Port, eg *atomic.Pointer[egress], proc *P
 	if cfg.IdleWait <= 0 {
 		cfg.IdleWait = 200 * time.Millisecond
 	}
-	return &Worker{
+	w := &Worker{
 		cfg: cfg, port: port, proc: proc, ct: ct, resolver: resolver, flows: flows, egress: eg,
 		done:    make(chan struct{}),
 		rx:      make([]afxdp.Desc, cfg.BatchSize),
@@ -123,6 +127,10 @@ func NewWorker(cfg WorkerConfig, port *Port, eg *atomic.Pointer[egress], proc *P
 		kernel:  -1,
 		spin:    newIdleSpin(cfg.MaxSpin),
 	}
+	// A worker that never gets to its first turn is as stuck as one that
+	// stops going round: its clock starts now.
+	w.alive.Store(monotonicNow())
+	return w
 }
 
 // TID is the OS thread the worker runs on, 0 before Run started.
@@ -135,7 +143,7 @@ func (w *Worker) Port() *Port { return w.port }
 func (w *Worker) CPU() int { return w.cfg.CPU }
 
 // Alive is the monotonic time (MonotonicNow) at which the worker's loop
-// last went round, 0 before it started.
+// last went round, or when it was made if it has not gone round yet.
 func (w *Worker) Alive() int64 { return w.alive.Load() }
 
 // Stop asks Run to return after its current batch and waits until it has.
@@ -385,6 +393,9 @@ func (w *Worker) publishFlows() {
 		for _, h := range p.NewHandles[n:] {
 			w.ct.Delete(h)
 			w.batch.byReason[packet.DropFlowTableFull]++
+		}
+		if w.cfg.FlowTableRefused != nil {
+			w.cfg.FlowTableRefused()
 		}
 	}
 	p.NewReplies = p.NewReplies[:0]

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/cilium/ebpf/rlimit"
@@ -141,11 +142,15 @@ const workerStuck = 10 * time.Second
 
 func (a *agent) workersAlive() error {
 	now := dataplane.MonotonicNow()
+	var stuck []string
 	for _, w := range a.engine.Workers() {
-		if alive := w.Alive(); alive != 0 && time.Duration(now-alive) > workerStuck {
-			return fmt.Errorf("the worker of %s queue %d has not gone round for %v", w.Port().Name, w.Port().Queue,
-				time.Duration(now-alive).Round(time.Second))
+		if since := time.Duration(now - w.Alive()); since > workerStuck {
+			stuck = append(stuck, fmt.Sprintf("the worker of %s queue %d has not gone round for %v",
+				w.Port().Name, w.Port().Queue, since.Round(time.Second)))
 		}
+	}
+	if len(stuck) > 0 {
+		return errors.New(strings.Join(stuck, "; "))
 	}
 	return nil
 }
