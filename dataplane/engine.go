@@ -107,12 +107,12 @@ type Engine struct {
 	// destination of every frame handed to the kernel.
 	kernelMAC net.HardwareAddr
 
-	nicMu   sync.Mutex // serialises reconciling, SetChannels and Close
-	nics    []*nic
-	seq     uint64 // workers made, seeds their random sources
+	nicMu sync.Mutex // serialises reconciling, SetChannels and Close
+	nics  []*nic
+	seq   uint64 // workers made, seeds their random sources
 	// seedBase makes every process's random backend choices its own.
 	seedBase uint64
-	closing bool
+	closing  bool
 
 	publishMu  sync.Mutex
 	programmed bool // the XDP maps hold the current table's keys
