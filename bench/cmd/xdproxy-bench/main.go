@@ -101,7 +101,7 @@ func benchCmd(args []string) error {
 		rulesTimeout = fs.Duration("rules-timeout", 3*time.Minute, "give up on a ruleset that takes longer than this to load")
 		only         = fs.String("only", "", "measure only these paths (comma-separated; the limit always runs first)")
 		verbose      = fs.Bool("v", false, "log every trial")
-		quietWait    = fs.Duration("quiet-wait", 0, "before each group of paths, wait up to this long for other work on the machine to calm down (default 2m; quick 20s; negative: never wait)")
+		quietWait    = fs.Duration("quiet-wait", 0, "before each group of paths, wait up to this long for other work on the machine to calm down (default 30s; quick 15s; negative: never wait)")
 		redos        = fs.Int("redos", -1, "repeat a cost run up to this many times when other work held the forwarding CPU for more than 25% of it (default 2; quick 1)")
 		iptables     = fs.String("iptables-restore", "iptables-restore", "iptables-restore binary (iptables-legacy-restore for the legacy backend)")
 		kubeBin      = fs.String("kube-bin", "", "directory holding etcd, kube-apiserver and kube-proxy for the real kube-proxy paths (default: build/kube/bin of the repository, from make kube-tools)")
@@ -149,13 +149,13 @@ func benchCmd(args []string) error {
 		Self: self, Pktgen: *pktgenBin, XDProxyBin: *xdproxyBin, IPTablesRestore: *iptables, RulesTimeout: *rulesTimeout,
 		Profile: *profile, ProfileServices: *profileSvc, ProfileTrial: 3 * time.Second, Verbose: *verbose, Nice: *nice, RTPriority: *rtPrio,
 		Only: splitList(*only), KubeBins: kubeBins, KubeBinsErr: kubeErr,
-		QuietWait: 2 * time.Minute, QuietBusy: 0.3, Redos: 2, RedoOther: 0.25,
+		QuietWait: 30 * time.Second, QuietBusy: 0.3, Redos: 2, RedoOther: 0.25,
 	}
 	svc := "1,1000,10000,100000"
 	if *quick {
 		svc = "1,1000"
 		cfg.Trial, cfg.CostRuns, cfg.SearchTrials, cfg.CurvePoints, cfg.WarmUps = 500*time.Millisecond, 3, 5, 0, 2
-		cfg.TCPServices, cfg.TCPDuration, cfg.ProfileTrial, cfg.QuietWait = []int{1}, 2*time.Second, 2*time.Second, 20*time.Second
+		cfg.TCPServices, cfg.TCPDuration, cfg.ProfileTrial, cfg.QuietWait = []int{1}, 2*time.Second, 2*time.Second, 15*time.Second
 	}
 	if *quick {
 		cfg.Redos = 1
