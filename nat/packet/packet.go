@@ -322,8 +322,12 @@ func parseInner(frame []byte, p *Packet) Reason {
 		in.SrcPort = binary.BigEndian.Uint16(l4[0:2])
 		in.DstPort = binary.BigEndian.Uint16(l4[2:4])
 	case ProtoICMP, ProtoICMPv6:
+		// Only the echo of the error's own ICMP version: an ICMPv6 type
+		// in an ICMPv4 quote (or the other way round) is no echo.
 		t := l4[0]
-		if t != ICMPv4Echo && t != ICMPv4EchoReply && t != ICMPv6Echo && t != ICMPv6EchoReply {
+		echo := in.Proto == ProtoICMP && p.Family == 4 && (t == ICMPv4Echo || t == ICMPv4EchoReply) ||
+			in.Proto == ProtoICMPv6 && p.Family == 6 && (t == ICMPv6Echo || t == ICMPv6EchoReply)
+		if !echo {
 			return PassICMPOther
 		}
 		id := binary.BigEndian.Uint16(l4[4:6])

@@ -121,6 +121,25 @@ func TestParseICMPErrorQuote(t *testing.T) {
 	if r := Parse(short, &p); r != DropShortICMPQuote {
 		t.Fatalf("short quote: %v", r)
 	}
+	// A quoted echo is one of the error's own ICMP version.
+	for _, q := range []struct {
+		name  string
+		proto layers.IPProtocol
+		typ   uint8
+		want  Reason
+	}{
+		{"echo request", layers.IPProtocolICMPv4, ICMPv4Echo, OK},
+		{"echo reply", layers.IPProtocolICMPv4, ICMPv4EchoReply, OK},
+		{"ICMPv6 echo request type", layers.IPProtocolICMPv4, ICMPv6Echo, PassICMPOther},
+		{"ICMPv6 protocol", layers.IPProtocolICMPv6, ICMPv6Echo, PassICMPOther},
+	} {
+		inner := append(build(t, ip4(q.proto)), q.typ, 0, 0, 0, 0x30, 0x39, 0, 1)
+		frame := build(t, eth(layers.EthernetTypeIPv4), outer,
+			&layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(3, 1)}, gopacket.Payload(inner))
+		if r := Parse(frame, &p); r != q.want || (r == OK && p.Inner.SrcPort != 0x3039) {
+			t.Errorf("quoted %s: %v, inner %+v; want %v", q.name, r, p.Inner, q.want)
+		}
+	}
 }
 
 func TestParseIPv6(t *testing.T) {
