@@ -109,7 +109,7 @@ const ReadyTimeout = 180 * time.Second
 // socket shows the published table holding every frontend of set.
 func startXDProxy(cfg *Config, t *topo.Topology, path string, set kernelrules.ServiceSet) (_ *xdproxyProc, err error) {
 	// On a tmpfs: the connection table's state file is mapped memory.
-	dir, err := os.MkdirTemp("/dev/shm", "xdproxy-bench-")
+	dir, err := os.MkdirTemp(shmDir, fmt.Sprintf("%s%d-", dirPrefix, os.Getpid()))
 	if err != nil {
 		return nil, err
 	}
@@ -145,6 +145,37 @@ func startXDProxy(cfg *Config, t *topo.Topology, path string, set kernelrules.Se
 		close(x.exited)
 	}()
 	return x, x.waitReady(set, ReadyTimeout)
+}
+
+// Where the xdproxy binaries of a run keep their files:
+// shmDir/dirPrefix<pid>-<random>.
+const (
+	shmDir    = "/dev/shm"
+	dirPrefix = "xdproxy-bench-"
+)
+
+// RemoveDirs removes the directories of xdproxy binaries that this process
+// started (all, for a signal handler), or, with stale, those of processes
+// that no longer run (a killed benchmark's).
+func RemoveDirs(stale bool) { removeDirs(shmDir, stale) }
+
+func removeDirs(root string, stale bool) {
+	entries, _ := os.ReadDir(root)
+	for _, e := range entries {
+		rest, ok := strings.CutPrefix(e.Name(), dirPrefix)
+		if !ok {
+			continue
+		}
+		pidStr, _, _ := strings.Cut(rest, "-")
+		pid, err := strconv.Atoi(pidStr)
+		if err != nil {
+			continue
+		}
+		alive := syscall.Kill(pid, 0) == nil
+		if stale && !alive || !stale && pid == os.Getpid() {
+			_ = os.RemoveAll(filepath.Join(root, e.Name()))
+		}
+	}
 }
 
 // IOFloorPeer is the address the I/O floor forwards every frame towards:

@@ -2,6 +2,9 @@ package runner
 
 import (
 	"io"
+	"os"
+	"slices"
+	"strconv"
 	"net"
 	"net/http"
 	"net/netip"
@@ -156,5 +159,35 @@ func TestCheckMode(t *testing.T) {
 		if (c.err == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), c.err) {
 			t.Errorf("%s with %s: %v, want %q", c.path, c.stats, err, c.err)
 		}
+	}
+}
+
+// TestRemoveDirs: a signal handler removes this process's directories, a
+// new run those of processes that are gone, and nothing else.
+func TestRemoveDirs(t *testing.T) {
+	root := t.TempDir()
+	mine := dirPrefix + strconv.Itoa(os.Getpid()) + "-1"
+	gone := dirPrefix + "4194303-2" // above pid_max: no such process
+	other := "xdproxy-state"
+	for _, d := range []string{mine, gone, other} {
+		if err := os.Mkdir(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	left := func() []string {
+		var out []string
+		es, _ := os.ReadDir(root)
+		for _, e := range es {
+			out = append(out, e.Name())
+		}
+		return out
+	}
+	removeDirs(root, true)
+	if got := left(); !slices.Equal(got, []string{mine, other}) {
+		t.Errorf("stale: left %v", got)
+	}
+	removeDirs(root, false)
+	if got := left(); !slices.Equal(got, []string{other}) {
+		t.Errorf("this process's: left %v", got)
 	}
 }

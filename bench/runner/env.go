@@ -126,14 +126,17 @@ func (e *env) threaded(ns, iface string, cpu int) ([]int, error) {
 	if err := topo.Pin(cpu, pids...); err != nil {
 		return nil, err
 	}
-	return pids, e.cfg.napiPriority(pids...)
+	return pids, e.cfg.napiPriority(cpu, pids...)
 }
 
-// napiPriority gives NAPI kthreads the benchmark's priority: SCHED_FIFO at
-// RTPriority (as the softirqs of a NIC run before any thread), or the nice
-// value without it.
-func (c *Config) napiPriority(tids ...int) error {
-	if c.RTPriority > 0 {
+// napiPriority gives NAPI kthreads on cpu the benchmark's priority. On the
+// forwarding CPU that is SCHED_FIFO at RTPriority (as a NIC's softirqs run
+// before any thread); elsewhere, and without RTPriority, the nice value of
+// the generator: a real-time NAPI kthread on the generator's CPU would
+// preempt the generator at every frame it sends and hand n0 its frames one
+// at a time, where a NIC hands over batches.
+func (c *Config) napiPriority(cpu int, tids ...int) error {
+	if c.RTPriority > 0 && cpu == c.Plan.ForwardCPU {
 		return topo.SetFIFO(c.RTPriority, tids...)
 	}
 	return topo.SetNice(c.Nice, tids...)
@@ -161,9 +164,6 @@ func newEnv(cfg *Config, fk feed.Kind, path string, services int, proto kernelru
 	}
 	gen, fwd := cfg.Plan.GenCPU, cfg.Plan.ForwardCPU
 	if e.feed, err = feed.Setup(e.t, fk, gen, cfg.Nice); err != nil {
-		return nil, err
-	}
-	if err := cfg.napiPriority(e.feed.Threads...); err != nil {
 		return nil, err
 	}
 	// Frames of the generator's interface must qualify for the peer's

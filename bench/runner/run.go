@@ -71,11 +71,11 @@ type Config struct {
 	// pins (generator, NAPI kthreads, xdproxy), so that other work on a
 	// shared machine disturbs all paths less and equally.
 	Nice int
-	// RTPriority, when positive, makes the NAPI kthreads of the topology
-	// SCHED_FIFO at this priority and xdproxy's poll-mode workers at ten
-	// less: work that other processes of a shared machine cannot
-	// preempt, for the kernel paths (all of whose forwarding runs in NAPI)
-	// and xdproxy alike.
+	// RTPriority, when positive, makes the NAPI kthreads on the
+	// forwarding CPU SCHED_FIFO at this priority and xdproxy's poll-mode
+	// workers at ten less: work that other processes of a shared machine
+	// cannot preempt, for the kernel paths (all of whose forwarding runs
+	// in NAPI) and xdproxy alike.
 	RTPriority int
 	// Only restricts the run to these paths (the limit always runs).
 	Only []string
@@ -240,7 +240,7 @@ func Run(cfg *Config) (*report.Run, error) {
 	r.XDProxy = strings.TrimSpace(cmdOut(cfg.XDProxyBin, "version")) + ": " + r.XDProxy
 	r.Scheduling = fmt.Sprintf("every NAPI kthread of the topology at nice %d, xdproxy and the generator at nice %d", cfg.Nice, cfg.Nice)
 	if cfg.RTPriority > 0 {
-		r.Scheduling = fmt.Sprintf("every NAPI kthread of the topology SCHED_FIFO %d (as a NIC's softirqs run before any thread) and xdproxy's poll-mode workers SCHED_FIFO %d, so that other work on this shared machine cannot preempt the forwarding of either; busy-polling workers, which never sleep, stay ordinary threads, as do xdproxy's other threads and the generator (nice %d)",
+		r.Scheduling = fmt.Sprintf("the NAPI kthreads on the forwarding CPU SCHED_FIFO %d (as a NIC's softirqs run before any thread) and xdproxy's poll-mode workers SCHED_FIFO %d, so that other work on this shared machine cannot preempt the forwarding of either; busy-polling workers, which never sleep, stay ordinary threads, as do xdproxy's other threads, the generator and the NAPI kthreads on the generator's CPU (nice %d: a real-time one there would preempt the generator at every frame and feed n0 one frame at a time)",
 			cfg.RTPriority, cfg.workerPriority(), cfg.Nice)
 	}
 	for _, f := range cfg.Feeds {

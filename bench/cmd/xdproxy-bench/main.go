@@ -97,7 +97,7 @@ func benchCmd(args []string) error {
 		pktgenBin    = fs.String("pktgen", "", "xdproxy-pktgen binary (default: next to this one)")
 		xdproxyBin   = fs.String("xdproxy", "", "xdproxy binary to measure (default: next to this one)")
 		nice         = fs.Int("nice", -10, "nice value of the generator, the forwarding threads and xdproxy")
-		rtPrio       = fs.Int("rt-priority", 50, "SCHED_FIFO priority of the NAPI kthreads (xdproxy's poll-mode workers get ten less), so that other work on a shared machine cannot preempt the forwarding; 0: ordinary threads at --nice")
+		rtPrio       = fs.Int("rt-priority", 50, "SCHED_FIFO priority of the NAPI kthreads on the forwarding CPU (xdproxy's poll-mode workers get ten less), so that other work on a shared machine cannot preempt the forwarding; 0: ordinary threads at --nice")
 		rulesTimeout = fs.Duration("rules-timeout", 3*time.Minute, "give up on a ruleset that takes longer than this to load")
 		only         = fs.String("only", "", "measure only these paths (comma-separated; the limit always runs first)")
 		verbose      = fs.Bool("v", false, "log every trial")
@@ -135,6 +135,7 @@ func benchCmd(args []string) error {
 	if stale, _ := testbed.CleanupStale(); len(stale) > 0 {
 		fmt.Fprintf(os.Stderr, "removed %d namespaces a killed run left behind\n", len(stale))
 	}
+	runner.RemoveDirs(true)
 	if *kubeBin != "" {
 		if err := os.Setenv(kubetest.BinDirEnv, *kubeBin); err != nil {
 			return err
@@ -207,7 +208,8 @@ func benchCmd(args []string) error {
 		s := <-sigs
 		fmt.Fprintf(os.Stderr, "xdproxy-bench: %v: removing the topology\n", s)
 		kubeproxy.CloseAll()
-		topo.CloseAll()
+		topo.CloseAll() // kills the xdproxy binaries with their namespaces
+		runner.RemoveDirs(false)
 		os.Exit(130)
 	}()
 	r, runErr := runner.Run(cfg)
