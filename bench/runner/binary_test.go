@@ -2,14 +2,14 @@ package runner
 
 import (
 	"io"
-	"os"
-	"slices"
-	"strconv"
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
