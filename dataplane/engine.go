@@ -86,6 +86,8 @@ type EngineConfig struct {
 	// mode (see IOFloor): frames are forwarded between the interfaces
 	// untranslated. Never on a node with real traffic.
 	IOFloor *IOFloor
+	// SYNGuard tunes the SYN guard against floods of new connections.
+	SYNGuard SYNGuardConfig
 }
 
 // Engine is the running dataplane: the XDP programs, one AF_XDP socket and
@@ -124,6 +126,7 @@ type Engine struct {
 	// reconcileNow asks the flow reconciler for a pass now rather than at
 	// its next tick: tuples were lost, or the flow table refused one.
 	reconcileNow chan struct{}
+	synGuardOn   atomic.Bool
 
 	closeOnce sync.Once
 	closeErr  error
@@ -254,6 +257,13 @@ func Start(cfg EngineConfig) (_ *Engine, err error) {
 		return nil, err
 	}
 	e.wg.Add(3)
+	if !cfg.SYNGuard.Disabled {
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			e.guardSYNs()
+		}()
+	}
 	go func() {
 		defer e.wg.Done()
 		e.followLinks()

@@ -90,6 +90,8 @@ type Tables interface {
 	DeleteFlows(keys []xdp.FlowKey) error
 	ForEachFlow(fn func(xdp.FlowKey) bool) error
 	Counters() (xdp.Counters, error)
+	// SetSYNGuard turns the program's SYN guard on or off.
+	SetSYNGuard(g xdp.SYNGuard) error
 }
 
 // Kernel is everything the engine asks of the kernel.

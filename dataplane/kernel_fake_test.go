@@ -270,6 +270,8 @@ type fakeTables struct {
 	vips      []packet.Addr
 	flows     map[xdp.FlowKey]bool
 	sets      int
+	counters  xdp.Counters // what Counters reports; tests set it
+	synGuard  xdp.SYNGuard // the last SetSYNGuard
 }
 
 func (t *fakeTables) SetTables(frontends []xdp.Key, vips []packet.Addr) error {
@@ -309,7 +311,18 @@ func (t *fakeTables) ForEachFlow(fn func(xdp.FlowKey) bool) error {
 	return nil
 }
 
-func (t *fakeTables) Counters() (xdp.Counters, error) { return xdp.Counters{}, nil }
+func (t *fakeTables) Counters() (xdp.Counters, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.counters, nil
+}
+
+func (t *fakeTables) SetSYNGuard(g xdp.SYNGuard) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.synGuard = g
+	return nil
+}
 
 func (t *fakeTables) hasFlow(k xdp.FlowKey) bool {
 	t.mu.Lock()

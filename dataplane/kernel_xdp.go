@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/vishvananda/netlink"
@@ -192,7 +193,16 @@ func (k *xdpKernel) WatchLinks(changed func()) (func(), error) {
 }
 
 func (k *xdpKernel) SetChannels(name string, queues int) error {
-	return k.inNS(func() error { return setChannels(name, uint32(queues)) })
+	// The kernel lets go of a closed AF_XDP socket's hold on its queue a
+	// moment after close: until then it refuses to remove the queue.
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		err := k.inNS(func() error { return setChannels(name, uint32(queues)) })
+		if !errors.Is(err, unix.EINVAL) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 func (k *xdpKernel) Attach(ifindex int, mode xdp.Mode) (Attachment, error) {
@@ -433,6 +443,7 @@ func (t xdpTables) NewFlowWriter(n int) FlowWriter              { return t.o.New
 func (t xdpTables) DeleteFlows(keys []xdp.FlowKey) error        { return t.o.DeleteFlows(keys) }
 func (t xdpTables) ForEachFlow(fn func(xdp.FlowKey) bool) error { return t.o.ForEachFlow(fn) }
 func (t xdpTables) Counters() (xdp.Counters, error)             { return t.o.Counters() }
+func (t xdpTables) SetSYNGuard(g xdp.SYNGuard) error            { return t.o.SetSYNGuard(g) }
 
 // routeResolver adapts the route cache to Resolver.
 type routeResolver struct{ c *route.Cache }

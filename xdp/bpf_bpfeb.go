@@ -30,9 +30,10 @@ const (
 	bpfCounterCNT_MATCH_FRAGMENT    bpfCounter = 6
 	bpfCounterCNT_MATCH_ICMP_ERROR  bpfCounter = 7
 	bpfCounterCNT_FRAG_TRACK_FAILED bpfCounter = 8
-	bpfCounterCNT_EGRESS_SEEN       bpfCounter = 9
-	bpfCounterCNT_EGRESS_REDIRECTED bpfCounter = 10
-	bpfCounterCNT_MAX               bpfCounter = 11
+	bpfCounterCNT_SYN_GUARD_DROPPED bpfCounter = 9
+	bpfCounterCNT_EGRESS_SEEN       bpfCounter = 10
+	bpfCounterCNT_EGRESS_REDIRECTED bpfCounter = 11
+	bpfCounterCNT_MAX               bpfCounter = 12
 )
 
 type bpfEgressConfig struct {
@@ -67,6 +68,20 @@ type bpfSvcKey struct {
 	Pad   uint8
 }
 
+type bpfSynGuard struct {
+	_          structs.HostLayout
+	On         uint32
+	MinRetryMs uint32
+	WindowMs   uint32
+	Seed       uint32
+	SetMask    uint32
+}
+
+type bpfSynSet struct {
+	_   structs.HostLayout
+	Way [4]uint64
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -77,6 +92,8 @@ const (
 	bpfMapFlows          = "flows"
 	bpfMapFrags          = "frags"
 	bpfMapFrontends      = "frontends"
+	bpfMapSynGuard       = "syn_guard"
+	bpfMapSynSeen        = "syn_seen"
 	bpfMapXsks           = "xsks"
 	bpfProgXdproxyEgress = "xdproxy_egress"
 	bpfProgXdproxyXdp    = "xdproxy_xdp"
@@ -138,6 +155,8 @@ type bpfMapSpecs struct {
 	Flows        *ebpf.MapSpec `ebpf:"flows"`
 	Frags        *ebpf.MapSpec `ebpf:"frags"`
 	Frontends    *ebpf.MapSpec `ebpf:"frontends"`
+	SynGuard     *ebpf.MapSpec `ebpf:"syn_guard"`
+	SynSeen      *ebpf.MapSpec `ebpf:"syn_seen"`
 	Xsks         *ebpf.MapSpec `ebpf:"xsks"`
 }
 
@@ -173,6 +192,8 @@ type bpfMaps struct {
 	Flows        *ebpf.Map `ebpf:"flows"`
 	Frags        *ebpf.Map `ebpf:"frags"`
 	Frontends    *ebpf.Map `ebpf:"frontends"`
+	SynGuard     *ebpf.Map `ebpf:"syn_guard"`
+	SynSeen      *ebpf.Map `ebpf:"syn_seen"`
 	Xsks         *ebpf.Map `ebpf:"xsks"`
 }
 
@@ -184,6 +205,8 @@ func (m *bpfMaps) Close() error {
 		m.Flows,
 		m.Frags,
 		m.Frontends,
+		m.SynGuard,
+		m.SynSeen,
 		m.Xsks,
 	)
 }

@@ -4,8 +4,9 @@ import "fmt"
 
 // Counters are the program's counters summed over CPUs and over the
 // programs of all interfaces. Every frame the programs saw is in exactly
-// one of Redirected, Passed, NoSocket and ParseFailed; the Match counters
-// say which rule claimed the frames in Redirected and NoSocket.
+// one of Redirected, Passed, NoSocket, SYNGuardDropped and ParseFailed; the
+// Match counters say which rule claimed the frames in Redirected and
+// NoSocket.
 type Counters struct {
 	Redirected  uint64 // into an AF_XDP socket
 	Passed      uint64 // to the kernel: not xdproxy's
@@ -20,6 +21,10 @@ type Counters struct {
 	// FragTrackFailed counts first fragments whose datagram the program
 	// could not remember; their later fragments reach the kernel.
 	FragTrackFailed uint64
+
+	// SYNGuardDropped counts first SYNs to a frontend the SYN guard
+	// dropped (see SetSYNGuard).
+	SYNGuardDropped uint64
 
 	// EgressSeen counts packets the egress programs looked at, and
 	// EgressRedirected those they sent back to xdproxy: replies of local
@@ -40,6 +45,7 @@ func (o *Objects) Counters() (Counters, error) {
 		bpfCounterCNT_MATCH_FRAGMENT:    &c.MatchFragment,
 		bpfCounterCNT_MATCH_ICMP_ERROR:  &c.MatchICMPError,
 		bpfCounterCNT_FRAG_TRACK_FAILED: &c.FragTrackFailed,
+		bpfCounterCNT_SYN_GUARD_DROPPED: &c.SYNGuardDropped,
 		bpfCounterCNT_EGRESS_SEEN:       &c.EgressSeen,
 		bpfCounterCNT_EGRESS_REDIRECTED: &c.EgressRedirected,
 	}

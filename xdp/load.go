@@ -22,6 +22,13 @@ const (
 	DefaultMaxAddrs     = 65536
 	DefaultMaxFlows     = 262144
 	DefaultMaxFragments = 8192
+	// synSeenSets is the number of 4-entry sets in the SYN guard's table
+	// of first SYNs (32 bytes each: 32 MiB). A flood writes entries at
+	// its rate; a client's entry must outlive the flood's writes to its
+	// set until it retransmits a second later: at 1 Mpps 98% do (fewer
+	// than 4 of the flood's SYNs land in its set, a Poisson draw with
+	// mean 0.95); at 4 Mpps 47%, and a client retransmits several times.
+	synSeenSets = 1 << 20
 )
 
 // Options size the shared tables; zero fields take the defaults. Every
@@ -67,6 +74,7 @@ type Objects struct {
 	cache *btf.Cache
 
 	frontends, flows, frags, addrs, counters, egressConfig *ebpf.Map
+	synGuard, synSeen                                      *ebpf.Map
 
 	mu    sync.Mutex  // serialises SetTables
 	state *tableState // nil: read the maps back before the next sync
@@ -170,6 +178,7 @@ func Load(opts Options) (*Objects, error) {
 	spec.Maps[bpfMapAddrs].MaxEntries = uint32(opts.MaxAddrs)
 	spec.Maps[bpfMapFlows].MaxEntries = uint32(opts.MaxFlows)
 	spec.Maps[bpfMapFrags].MaxEntries = uint32(opts.MaxFragments)
+	spec.Maps[bpfMapSynSeen].MaxEntries = synSeenSets
 
 	o := &Objects{opts: opts, spec: spec, cache: btf.NewCache()}
 	if opts.PinDir != "" {
@@ -185,6 +194,8 @@ func Load(opts Options) (*Objects, error) {
 		bpfMapAddrs:        &o.addrs,
 		bpfMapCounters:     &o.counters,
 		bpfMapEgressConfig: &o.egressConfig,
+		bpfMapSynGuard:     &o.synGuard,
+		bpfMapSynSeen:      &o.synSeen,
 	} {
 		var ok bool
 		if *m, ok, err = o.newMap(name); err != nil {
@@ -222,7 +233,7 @@ func Load(opts Options) (*Objects, error) {
 // references, so Close every Attachment first.
 func (o *Objects) Close() error {
 	var errs []error
-	for _, m := range []*ebpf.Map{o.frontends, o.flows, o.frags, o.addrs, o.counters, o.egressConfig} {
+	for _, m := range []*ebpf.Map{o.frontends, o.flows, o.frags, o.addrs, o.counters, o.egressConfig, o.synGuard, o.synSeen} {
 		if m != nil {
 			errs = append(errs, m.Close())
 		}
@@ -245,6 +256,8 @@ func (o *Objects) shared() map[string]*ebpf.Map {
 		bpfMapAddrs:        o.addrs,
 		bpfMapCounters:     o.counters,
 		bpfMapEgressConfig: o.egressConfig,
+		bpfMapSynGuard:     o.synGuard,
+		bpfMapSynSeen:      o.synSeen,
 	}
 }
 

@@ -282,6 +282,7 @@ func (c Counters) minus(d Counters) Counters {
 		MatchFrontend: c.MatchFrontend - d.MatchFrontend, MatchFlow: c.MatchFlow - d.MatchFlow,
 		MatchFragment: c.MatchFragment - d.MatchFragment, MatchICMPError: c.MatchICMPError - d.MatchICMPError,
 		FragTrackFailed: c.FragTrackFailed - d.FragTrackFailed,
+		SYNGuardDropped: c.SYNGuardDropped - d.SYNGuardDropped,
 	}
 }
 

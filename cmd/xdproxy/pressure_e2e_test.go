@@ -28,6 +28,7 @@ type agentStats struct {
 	} `json:"workers"`
 	Conntrack ctStats           `json:"conntrack"`
 	XDP       map[string]uint64 `json:"xdp"`
+	SYNGuard  bool              `json:"synGuard"`
 }
 
 func (a *daemon) pressureStats() (agentStats, error) {
@@ -224,9 +225,10 @@ var spoofBase = netip.MustParseAddr("10.99.0.0")
 // answer, although it offers far more new flows than the connection table
 // holds (4,096): established connections are assured and never dropped,
 // so 10 connections opened before the flood keep working; unassured flows
-// are dropped early to make room (counted), so at least 99% of 200 new
-// connections made one after another during the flood succeed; and the
-// table never holds more flows than its capacity.
+// are dropped early to make room (counted), and the SYN guard then drops
+// each tuple's first SYN in XDP and admits its retransmission, so at least
+// 99% of 200 new connections made during the flood (20 at a time) succeed;
+// and the table never holds more flows than its capacity.
 func TestSYNFloodLocksNobodyOut(t *testing.T) {
 	tb := newTopology(t, testbed.Options{})
 	echo := startEchoServers(t, tb)
@@ -308,11 +310,14 @@ func TestSYNFloodLocksNobodyOut(t *testing.T) {
 			}
 		}
 	}()
-	// Wait until the flood has filled the table.
+	// Wait until the flood has overrun the table.
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		st, err := a.pressureStats()
-		if err == nil && st.Conntrack.Inserts-before.Conntrack.Inserts > 4*st.Conntrack.Capacity {
+		// Full and overrun: the SYN guard turned on, or (with the guard
+		// off) four tables' worth of flows went in.
+		if err == nil && st.Conntrack.EvictedUnassured > 0 &&
+			(st.SYNGuard || st.Conntrack.Inserts-before.Conntrack.Inserts > 4*st.Conntrack.Capacity) {
 			break
 		}
 		select {
@@ -329,32 +334,70 @@ func TestSYNFloodLocksNobodyOut(t *testing.T) {
 	// The legitimate client's segments, for the report.
 	clientCap := startSniffer(t, tb.ClientNS(), tb.Client().Addr)
 
-	// New connections one after another. Each may take 10 s (the SYN is
-	// sent at 0, 1, 3 and 7 s); the phase ends early once more than 1%
-	// have failed, since the test has failed then, and after 60 s.
-	const newConns = 200
+	// New connections, 20 at a time: with the SYN guard on, each first
+	// SYN is dropped and the client's retransmission a second later
+	// admitted. Each may take 20 s (SYNs at 0, 1, 3, 7 and 15 s); the
+	// phase ends early once more than 1% have failed, since the test has
+	// failed then, and after 90 s.
+	const newConns, parallel = 200, 20
 	maxFailures := newConns - newConns*99/100
-	ok, tried := 0, 0
-	var failures []string
-	var lat []time.Duration
-	legitDeadline := time.Now().Add(60 * time.Second)
-	for i := 0; i < newConns && len(failures) <= maxFailures && time.Now().Before(legitDeadline); i++ {
-		tried++
-		start := time.Now()
-		c, err := dialFrom(tb, netip.Addr{}, target.String(), 10*time.Second)
-		if err == nil {
-			err = echoRound(c, 0, 256, 10*time.Second)
-			c.Close()
+	var (
+		mu       sync.Mutex
+		ok       int
+		tried    int
+		failures []string
+		lat      []time.Duration
+		next     int
+	)
+	legitDeadline := time.Now().Add(90 * time.Second)
+	var dialers sync.WaitGroup
+	for range parallel {
+		dialers.Add(1)
+		go func() {
+			defer dialers.Done()
+			for {
+				mu.Lock()
+				i := next
+				if i >= newConns || len(failures) > maxFailures || time.Now().After(legitDeadline) {
+					mu.Unlock()
+					return
+				}
+				next++
+				tried++
+				mu.Unlock()
+				start := time.Now()
+				c, err := dialFrom(tb, netip.Addr{}, target.String(), 20*time.Second)
+				if err == nil {
+					err = echoRound(c, 0, 256, 10*time.Second)
+					c.Close()
+				}
+				mu.Lock()
+				if err != nil {
+					failures = append(failures, fmt.Sprintf("%d: %v", i, err))
+				} else {
+					ok++
+					lat = append(lat, time.Since(start))
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	dialed := make(chan struct{})
+	go func() {
+		dialers.Wait()
+		close(dialed)
+	}()
+	for done := false; !done; {
+		select {
+		case <-time.After(2 * time.Second):
+			exerciseOld("during the flood")
+		case <-dialed:
+			done = true
 		}
-		if err != nil {
-			failures = append(failures, fmt.Sprintf("%d: %v", i, err))
-		} else {
-			ok++
-			lat = append(lat, time.Since(start))
-		}
-		if i%20 == 19 {
-			exerciseOld(fmt.Sprintf("during the flood, after %d new connections", i+1))
-		}
+	}
+	guardDuring, err := a.pressureStats()
+	if err != nil {
+		t.Fatal(err)
 	}
 	during := time.Since(floodStart)
 	stopAll()
@@ -376,6 +419,8 @@ func TestSYNFloodLocksNobodyOut(t *testing.T) {
 		t.Logf("new connections: %d of %d tried succeeded; connect+echo median %v, slowest %v", ok, tried,
 			lat[len(lat)/2].Round(time.Microsecond), lat[len(lat)-1].Round(time.Millisecond))
 	}
+	t.Logf("SYN guard: on at the end of the flood %v; %d first SYNs dropped by the XDP program",
+		guardDuring.SYNGuard, after.XDP["SYNGuardDropped"]-before.XDP["SYNGuardDropped"])
 	t.Logf("table: capacity %d, most live %d; %d inserts, %d early drops (%d never answered), %d reused expired, %d full drops, %d SNAT exhausted",
 		capacity.Load(), maxLive.Load(), ct.Inserts-before.Conntrack.Inserts, ct.EvictedUnassured, ct.EvictedUnreplied,
 		ct.EvictedExpired, ct.FullDrops, ct.SNATExhausted)
@@ -405,6 +450,10 @@ func TestSYNFloodLocksNobodyOut(t *testing.T) {
 	}
 	if ct.EvictedUnassured == 0 {
 		t.Errorf("no early drops counted, though the flood opened %d flows in a table of %d", ct.Inserts-before.Conntrack.Inserts, ct.Capacity)
+	}
+	if !guardDuring.SYNGuard || after.XDP["SYNGuardDropped"] == before.XDP["SYNGuardDropped"] {
+		t.Errorf("the SYN guard was not on during the flood (on: %v, dropped %d first SYNs)",
+			guardDuring.SYNGuard, after.XDP["SYNGuardDropped"]-before.XDP["SYNGuardDropped"])
 	}
 	// A new connection after the flood.
 	c, err := dialFrom(tb, netip.Addr{}, target.String(), 10*time.Second)

@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -341,7 +340,7 @@ func upgradeBinary(t *testing.T) (path, version string) {
 func buildUpgrade() (string, error) {
 	goTool, err := exec.LookPath("go")
 	if err != nil {
-		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
+		return "", fmt.Errorf("building the upgrade: %w", err)
 	}
 	dir, err := os.MkdirTemp("", "xdproxy-upgrade-")
 	if err != nil {

@@ -76,6 +76,7 @@ type statsReply struct {
 	Workers   dataplane.Snapshot `json:"workers"`
 	XDP       any                `json:"xdp"`
 	Conntrack conntrack.Stats    `json:"conntrack"`
+	SYNGuard  bool               `json:"synGuard"`
 	Table     struct {
 		Generation uint64 `json:"generation"`
 		Version    string `json:"version"`
@@ -92,6 +93,7 @@ func (a *adminServer) stats(w http.ResponseWriter, _ *http.Request) {
 		r.XDP = c
 	}
 	r.Conntrack = a.a.engine.Conntrack().Stats()
+	r.SYNGuard = a.a.engine.SYNGuardOn()
 	t := a.a.engine.Services().Load()
 	r.Table.Generation, r.Table.Version, r.Table.Frontends = t.Generation(), t.Version(), t.Frontends()
 	writeJSON(w, r)

@@ -94,6 +94,7 @@ func engineConfig(cfg *config.Config, host config.Host, log *slog.Logger) (datap
 		KeepState:          true,
 		Conntrack: conntrack.Config{Capacity: ct.MaxEntries, Timeouts: ct.Timeouts,
 			FragmentCapacity: ct.FragmentMaxEntries, FragmentTimeout: ct.FragmentTimeout},
+		SYNGuard: dataplane.SYNGuardConfig{Disabled: !ct.SYNGuard},
 	}
 	if b := cfg.Benchmark; b.IOFloor { // benchmarking only: every frame forwarded untranslated
 		e.IOFloor = &dataplane.IOFloor{Peers: []packet.Addr{packet.AddrFromNetip(b.IOFloorPeer)}}

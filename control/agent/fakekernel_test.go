@@ -117,6 +117,7 @@ func (t *fakeTables) NewFlowWriter(int) dataplane.FlowWriter   { return fakeFlow
 func (t *fakeTables) DeleteFlows([]xdp.FlowKey) error          { return nil }
 func (t *fakeTables) ForEachFlow(func(xdp.FlowKey) bool) error { return nil }
 func (t *fakeTables) Counters() (xdp.Counters, error)          { return xdp.Counters{}, nil }
+func (t *fakeTables) SetSYNGuard(xdp.SYNGuard) error           { return nil }
 
 type fakeFlowWriter struct{}
 

@@ -19,7 +19,7 @@ type dataplaneCollector struct {
 	rx, fwd, replied, tx, copied, newFlows, wakeups, toKernel, reasons, publishErrs *prometheus.Desc
 	xdpFrames, xdpMatches                                                           *prometheus.Desc
 	ctEntries, ctState, ctCapacity, ctFill, ctEvents                                *prometheus.Desc
-	ifaceQueues, ifaceServed, healthy                                               *prometheus.Desc
+	ifaceQueues, ifaceServed, healthy, synGuard                                     *prometheus.Desc
 }
 
 func newDataplaneCollector(e *dataplane.Engine, p *health.Proxy) *dataplaneCollector {
@@ -49,13 +49,14 @@ func newDataplaneCollector(e *dataplane.Engine, p *health.Proxy) *dataplaneColle
 		ifaceQueues: d("interface_queues", "Receive queues each configured interface has.", "interface"),
 		ifaceServed: d("interface_served_queues", "Receive queues with a socket and a worker.", "interface"),
 		healthy:     d("healthy", "1 when the check passes: healthz, livez.", "check"),
+		synGuard:    d("syn_guard", "1 while the XDP program admits only retransmitted SYNs (a flood of new connections overruns the table)."),
 	}
 }
 
 func (c *dataplaneCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.rx, c.fwd, c.replied, c.tx, c.copied, c.newFlows, c.wakeups, c.toKernel,
 		c.reasons, c.publishErrs, c.xdpFrames, c.xdpMatches, c.ctEntries, c.ctState, c.ctCapacity, c.ctFill, c.ctEvents,
-		c.ifaceQueues, c.ifaceServed, c.healthy} {
+		c.ifaceQueues, c.ifaceServed, c.healthy, c.synGuard} {
 		ch <- d
 	}
 }
@@ -88,6 +89,7 @@ func (c *dataplaneCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.xdpFrames, x.Passed, "passed")
 		counter(c.xdpFrames, x.NoSocket, "no_socket")
 		counter(c.xdpFrames, x.ParseFailed, "parse_failed")
+		counter(c.xdpFrames, x.SYNGuardDropped, "syn_guard_dropped")
 		counter(c.xdpMatches, x.MatchFrontend, "frontend")
 		counter(c.xdpMatches, x.MatchFlow, "flow")
 		counter(c.xdpMatches, x.MatchFragment, "fragment")
@@ -125,4 +127,5 @@ func (c *dataplaneCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	gauge(c.healthy, b(c.proxy.Healthz().Healthy), "healthz")
 	gauge(c.healthy, b(c.proxy.Livez().Healthy), "livez")
+	gauge(c.synGuard, b(c.engine.SYNGuardOn()))
 }

@@ -175,6 +175,9 @@ type Conntrack struct {
 	// does not export them).
 	FragmentTimeout    time.Duration
 	FragmentMaxEntries int
+	// SYNGuard lets the XDP program drop first SYNs while a flood of new
+	// connections overruns the table (see dataplane.SYNGuardConfig).
+	SYNGuard bool
 }
 
 // XDPTables sizes the XDP program's maps, which the kernel allocates up
@@ -725,7 +728,7 @@ func parsePortRange(s string) (conntrack.PortRange, error) {
 }
 
 func (f *fileConntrack) convert(errs *Errors) Conntrack {
-	c := Conntrack{MaxEntries: orDefault(f.MaxEntries, DefaultMaxEntries)}
+	c := Conntrack{MaxEntries: orDefault(f.MaxEntries, DefaultMaxEntries), SYNGuard: f.SYNGuard == nil || *f.SYNGuard}
 	if c.MaxEntries < minMaxEntries {
 		errs.add("conntrack.maxEntries", "%d is below the minimum of %d", c.MaxEntries, minMaxEntries)
 	} else if c.MaxEntries > conntrack.MaxCapacity {

@@ -54,7 +54,7 @@ func TestParseDefaults(t *testing.T) {
 		ExceptionInterface: "xdpx0",
 		Services:           Services{File: "/etc/xdproxy/services.yaml"},
 		Masquerade:         Masquerade{Ports: conntrack.PortRange{First: 61000, Last: 65535}},
-		Conntrack:          Conntrack{MaxEntries: 262144, Timeouts: timeouts},
+		Conntrack:          Conntrack{MaxEntries: 262144, Timeouts: timeouts, SYNGuard: true},
 		Scheduler:          service.Random,
 		MetricsAddress:     netip.MustParseAddrPort("127.0.0.1:10249"),
 		HealthzAddress:     netip.MustParseAddrPort("0.0.0.0:10256"),
@@ -147,6 +147,10 @@ func TestParseFields(t *testing.T) {
 				return [3]any{c.Conntrack.MaxEntries, c.Conntrack.FragmentTimeout, c.Conntrack.FragmentMaxEntries}
 			},
 			want: [3]any{100000, 10 * time.Second, 100}},
+		{name: "SYN guard on by default", extra: "",
+			check: func(c *Config) any { return c.Conntrack.SYNGuard }, want: true},
+		{name: "SYN guard off", extra: "conntrack: {synGuard: false}",
+			check: func(c *Config) any { return c.Conntrack.SYNGuard }, want: false},
 		{name: "conntrack timeouts, strings and seconds",
 			extra: "conntrack:\n  tcpSynSentTimeout: 1s\n  tcpSynRecvTimeout: 2s\n  tcpEstablishedTimeout: 3600\n  tcpFinWaitTimeout: 4s\n" +
 				"  tcpCloseWaitTimeout: 5s\n  tcpLastAckTimeout: 6s\n  tcpTimeWaitTimeout: 7s\n  tcpCloseTimeout: 8s\n" +

@@ -119,6 +119,7 @@ type fileConntrack struct {
 	ICMP               *duration `json:"icmpTimeout,omitempty"`
 	FragmentTimeout    *duration `json:"fragmentTimeout,omitempty"`
 	FragmentMaxEntries *int      `json:"fragmentMaxEntries,omitempty"`
+	SYNGuard           *bool     `json:"synGuard,omitempty"`
 }
 
 type fileXDPTables struct {

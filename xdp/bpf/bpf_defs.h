@@ -89,5 +89,6 @@ static long (*bpf_map_update_elem)(void *map, const void *key, const void *value
 				   __u64 flags) = (void *)2;
 static long (*bpf_redirect_map)(void *map, __u64 key, __u64 flags) = (void *)51;
 static long (*bpf_redirect)(__u32 ifindex, __u64 flags) = (void *)23;
+static __u64 (*bpf_ktime_get_ns)(void) = (void *)5;
 
 #endif

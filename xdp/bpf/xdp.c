@@ -119,6 +119,7 @@ enum counter {
 	CNT_MATCH_FRAGMENT,
 	CNT_MATCH_ICMP_ERROR,
 	CNT_FRAG_TRACK_FAILED,
+	CNT_SYN_GUARD_DROPPED, /* first SYNs dropped while the SYN guard is on */
 	CNT_EGRESS_SEEN,       /* packets the egress program looked at */
 	CNT_EGRESS_REDIRECTED, /* ... and sent back to xdproxy */
 	CNT_MAX,
@@ -158,6 +159,46 @@ struct {
 	__type(key, struct addr_key);
 	__type(value, __u32);
 } addrs SEC(".maps");
+
+/* The SYN guard, on while a flood of new connections overruns the
+ * connection table: the first SYN of every new (src, dst, ports) to a
+ * frontend is dropped and remembered, and a retransmission of it, at least
+ * min_retry_ms and at most window_ms later, is let in. A client's TCP
+ * retransmits its SYN after a second; a flood of spoofed SYNs, each tuple
+ * sent once, never gets past XDP and never loads the workers. */
+struct syn_guard {
+	__u32 on;
+	__u32 min_retry_ms;
+	__u32 window_ms;
+	__u32 seed;	 /* keys the slot hash: a flood cannot aim at a slot */
+	__u32 set_mask;	 /* syn_seen's size less one (a power of two) */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct syn_guard);
+} syn_guard SEC(".maps");
+
+/* syn_seen remembers first SYNs in a 4-way set-associative table: each
+ * entry holds a tag of the tuple (high 32 bits) and when its SYN came, in
+ * ms (low 32 bits); a new tuple takes its set's oldest entry. A flood
+ * writes entries at its rate, so the table is large (Go sizes it) and
+ * associative: a client's entry must outlive the flood's next writes to
+ * its set until the client retransmits. An LRU hash would be emptied by
+ * the flood in a fraction of a second. */
+#define SYN_WAYS 4
+struct syn_set {
+	__u64 way[SYN_WAYS];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct syn_set);
+} syn_seen SEC(".maps");
 
 /* Where the egress program sends the replies it catches: the ifindex of
  * the exception link's kernel end, whose peer is xdproxy's. */
@@ -461,6 +502,70 @@ static __always_inline int in_flows(const struct svc_key *src,
 	return bpf_map_lookup_elem(&flows, &k) != 0;
 }
 
+static __always_inline __u32 mix32(__u32 h, __u32 w)
+{
+	h ^= w * 0xcc9e2d51;
+	h = (h << 13) | (h >> 19);
+	return h * 5 + 0xe6546b64;
+}
+
+static __always_inline __u32 fmix32(__u32 h)
+{
+	h ^= h >> 16;
+	h *= 0x85ebca6b;
+	h ^= h >> 13;
+	h *= 0xc2b2ae35;
+	return h ^ (h >> 16);
+}
+
+/* syn_guarded reports whether the TCP segment at l4, to a frontend, is the
+ * first SYN of its tuple while the SYN guard is on: it is to be dropped. */
+static __always_inline int syn_guarded(void *l4, void *end, const struct flow *f)
+{
+	__u8 *tcp = l4;
+	__u32 zero = 0;
+
+	if ((void *)(tcp + 14) > end || (tcp[13] & 0x12) != 0x02)
+		return 0; /* not a SYN without ACK */
+	struct syn_guard *g = bpf_map_lookup_elem(&syn_guard, &zero);
+	if (!g || !g->on)
+		return 0;
+
+	__u32 h = g->seed, words[9];
+	__builtin_memcpy(words, f->src.addr, 16);
+	__builtin_memcpy(&words[4], f->dst.addr, 16);
+	words[8] = ((__u32)f->src.port << 16) | f->dst.port;
+#pragma unroll
+	for (int i = 0; i < 9; i++)
+		h = mix32(h, words[i]);
+	__u32 set = fmix32(h) & g->set_mask, tag = fmix32(h ^ 0x9e3779b9) | 1;
+	__u32 now = bpf_ktime_get_ns() / 1000000;
+	struct syn_set *seen = bpf_map_lookup_elem(&syn_seen, &set);
+	if (!seen)
+		return 1;
+	int victim = 0;
+	__u32 oldest = 0;
+#pragma unroll
+	for (int i = 0; i < SYN_WAYS; i++) {
+		__u64 e = seen->way[i];
+		__u32 age = now - (__u32)e;
+		if ((__u32)(e >> 32) == tag) {
+			if (age < g->min_retry_ms)
+				return 1; /* too soon for a retransmission */
+			if (age <= g->window_ms)
+				return 0; /* a retransmission: a real client */
+			victim = i;   /* its own, too old: start again */
+			break;
+		}
+		if (e == 0 || age > oldest) {
+			oldest = e == 0 ? 0xffffffff : age;
+			victim = i;
+		}
+	}
+	seen->way[victim & (SYN_WAYS - 1)] = ((__u64)tag << 32) | now;
+	return 1;
+}
+
 static __always_inline void frag_key_of(struct frag_key *k,
 					const struct flow *f,
 					const struct ip_info *ip)
@@ -586,6 +691,10 @@ int xdproxy_xdp(struct xdp_md *ctx)
 	}
 
 	if (in_map(&frontends, &f.dst)) {
+		if (ip.proto == IPPROTO_TCP && syn_guarded(pos, end, &f)) {
+			count(CNT_SYN_GUARD_DROPPED);
+			return XDP_DROP;
+		}
 		remember_fragments(&f, &ip);
 		return redirect(ctx, CNT_MATCH_FRONTEND);
 	}

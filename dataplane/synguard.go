@@ -1,0 +1,104 @@
+package dataplane
+
+import (
+	"time"
+
+	"github.com/xdproxy/xdproxy/xdp"
+)
+
+// SYNGuardConfig tunes the SYN guard: while a flood of new TCP connections
+// overruns the connection table (flows early-dropped or refused for room),
+// the XDP program drops every tuple's first SYN and lets in only its
+// retransmission (see xdp.SYNGuard). Spoofed floods send each tuple once
+// and so never reach the workers; a real client connects a retransmission
+// (about a second) late. Zero fields take the defaults.
+type SYNGuardConfig struct {
+	// Disabled leaves the guard off whatever happens.
+	Disabled bool
+	// Trigger is the number of flows early-dropped or refused for room in
+	// one Interval at which the guard turns on; default the larger of 64
+	// and 1/64 of the table's capacity.
+	Trigger uint64
+	// Calm is how long the guard stays on after it last saw a flood: first
+	// SYNs dropped at the Trigger rate or more. Default 30 s.
+	Calm time.Duration
+	// Interval is how often the counters are read. Default 1 s.
+	Interval time.Duration
+}
+
+// The retransmission window the guard accepts: Linux, Windows and macOS
+// retransmit a SYN after 1 s (3 s on older stacks) and again after a few
+// more seconds.
+const (
+	synGuardMinRetry = 200 * time.Millisecond
+	synGuardWindow   = 10 * time.Second
+)
+
+// SYNGuardOn reports whether the SYN guard is on now.
+func (e *Engine) SYNGuardOn() bool { return e.synGuardOn.Load() }
+
+// guardSYNs turns the SYN guard on while the connection table is overrun
+// and off once it has been calm for SYNGuardConfig.Calm.
+func (e *Engine) guardSYNs() {
+	cfg := e.cfg.SYNGuard
+	if cfg.Interval <= 0 {
+		cfg.Interval = time.Second
+	}
+	if cfg.Calm <= 0 {
+		cfg.Calm = 30 * time.Second
+	}
+	if cfg.Trigger == 0 {
+		cfg.Trigger = max(64, e.ct.Stats().Capacity/64)
+	}
+	// A pinned table may still hold the guard of an earlier process.
+	if err := e.tables.SetSYNGuard(xdp.SYNGuard{}); err != nil {
+		e.log.Error("turning the SYN guard off", "err", err)
+	}
+	t := time.NewTicker(cfg.Interval)
+	defer t.Stop()
+	var lastOverrun, lastGuarded uint64
+	overrun := func() uint64 {
+		st := e.ct.Stats()
+		return st.EvictedUnassured + st.FullDrops
+	}
+	guarded := func() uint64 {
+		c, err := e.tables.Counters()
+		if err != nil {
+			return lastGuarded
+		}
+		return c.SYNGuardDropped
+	}
+	lastOverrun, lastGuarded = overrun(), guarded()
+	var lastFlood time.Time
+	for {
+		select {
+		case <-e.stop:
+			return
+		case now := <-t.C:
+			o, g := overrun(), guarded()
+			dOverrun, dGuarded := o-lastOverrun, g-lastGuarded
+			lastOverrun, lastGuarded = o, g
+			on := e.synGuardOn.Load()
+			switch {
+			case !on && dOverrun >= cfg.Trigger:
+				if err := e.tables.SetSYNGuard(xdp.SYNGuard{On: true, MinRetry: synGuardMinRetry, Window: synGuardWindow}); err != nil {
+					e.log.Error("turning the SYN guard on", "err", err)
+					continue
+				}
+				e.synGuardOn.Store(true)
+				lastFlood = now
+				e.log.Warn("SYN guard on: the connection table is overrun by new connections; first SYNs are dropped until retransmitted",
+					"flowsDroppedForRoom", dOverrun, "interval", cfg.Interval)
+			case on && dGuarded >= cfg.Trigger:
+				lastFlood = now
+			case on && now.Sub(lastFlood) >= cfg.Calm:
+				if err := e.tables.SetSYNGuard(xdp.SYNGuard{}); err != nil {
+					e.log.Error("turning the SYN guard off", "err", err)
+					continue
+				}
+				e.synGuardOn.Store(false)
+				e.log.Info("SYN guard off: no flood for a while", "calm", cfg.Calm)
+			}
+		}
+	}
+}
