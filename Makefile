@@ -27,7 +27,7 @@ export XDPROXY_KUBE_BIN := $(KUBE_BIN)
 all: build
 
 build:
-	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/... ./bench/cmd/...
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/... ./bench/cmd/... ./internal/testbed/cmd/xdproxy-demo
 
 # image writes the container image the DaemonSet runs: a static xdproxy and
 # nothing else, tagged $(IMAGE):$(VERSION) and $(IMAGE):latest, as one tarball

@@ -11,7 +11,10 @@ const (
 	// Pass hands the frame to the kernel's exception path. The XDP
 	// program only redirects frames xdproxy owns, so this is rare (a table
 	// changed between the XDP lookup and ours, a fragment we never saw the
-	// head of).
+	// head of). The worker completes a PassNoService frame's partial
+	// checksum first (Processor.CompletePartial), and drops the frame
+	// instead when it came from the exception link itself (handing it
+	// back would loop) or there is no exception link (DropNoKernelPath).
 	Pass
 	// Forward transmits the rewritten frame toward Verdict.NextHop.
 	Forward

@@ -63,11 +63,6 @@ func IsKubeProxy(path string) bool {
 	return path == PathKubeProxyIPTables || path == PathKubeProxyNFTables
 }
 
-// IsXDProxy says whether path runs the xdproxy binary.
-func IsXDProxy(path string) bool {
-	return path == PathXDProxy || path == PathBusyPoll || path == PathIOFloor
-}
-
 // Traffic patterns of the packet-rate tests.
 const (
 	// TrafficLong: a fixed set of flows (Packet.Flows), sent over and

@@ -108,9 +108,6 @@ const KubeProxyMaxServices = 1000
 // names them.
 const SmallPathMaxServices = 1000
 
-// kubeProxyPaths are the real kube-proxy paths.
-var kubeProxyPaths = []string{report.PathKubeProxyIPTables, report.PathKubeProxyNFTables}
-
 // runs says whether path is measured at services in this run.
 func (c *Config) runs(path string, services int) bool {
 	named := slices.Contains(c.Only, path)

@@ -169,8 +169,9 @@ func (p *publisher) logProblems(t *service.Table) {
 	p.problems = now
 }
 
-// syncHealthChecks opens the healthCheckNodePort of every Service with
-// externalTrafficPolicy Local and reports its local endpoints.
+// syncHealthChecks opens the healthCheckNodePort of every LoadBalancer
+// Service with externalTrafficPolicy Local (the only ones that have one)
+// and reports its local endpoints.
 func (p *publisher) syncHealthChecks(t *service.Table) {
 	ports := map[health.ServiceName]uint16{}
 	local := map[health.ServiceName]int{}

@@ -96,8 +96,10 @@ type ServicePort struct {
 	// InternalPolicyLocal is internalTrafficPolicy: Local; it applies to
 	// cluster IPs.
 	InternalPolicyLocal bool
-	// HealthCheckNodePort serves the local endpoint count when
-	// ExternalPolicyLocal is set; 0 when there is none.
+	// HealthCheckNodePort serves LocalReady, the local endpoint count,
+	// for a LoadBalancer Service with externalTrafficPolicy Local (the
+	// API server allocates it for those only); 0 otherwise, a NodePort
+	// Service with Local included.
 	HealthCheckNodePort uint16
 	// TopologyAware is set when endpoints' zone hints should be honoured
 	// (trafficDistribution: PreferClose or the topology-mode annotation).

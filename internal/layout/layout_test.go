@@ -45,11 +45,7 @@ var commandImports = []string{"control/agent", "control/config"}
 // knownViolations are packages that break the rules today, with the reason
 // and the way out. The test logs them instead of failing, and fails once
 // one of them keeps the rules (remove it here then).
-var knownViolations = map[string]string{
-	"cmd/xdproxy-demo": "make demo's driver builds its namespaces with internal/testbed, " +
-		"so it links test scaffolding and the testing package: it belongs beside the scaffolding " +
-		"(internal/testbed/cmd/xdproxy-demo, as xdproxy-testbed is), not among the commands a node runs",
-}
+var knownViolations = map[string]string{}
 
 // pkg is what the rules need of a package, as `go list` reports it, with
 // paths relative to the module.
