@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"encoding/binary"
+	"math/bits"
 
 	"github.com/xdproxy/xdproxy/nat"
 	"github.com/xdproxy/xdproxy/nat/conntrack"
@@ -33,9 +34,11 @@ type prepared struct {
 	// UDP, no options, not a fragment); else the rest means nothing.
 	quick bool
 	// way is the flow cache way that held key at prepare, -1 none; set
-	// is the set. A frame before this one may have replaced it since.
-	way int8
-	set uint32
+	// is the set; puts the cache's put count then. A frame before this
+	// one may have changed the set since (puts tells).
+	way  int8
+	set  uint32
+	puts uint64
 }
 
 // quickKey reads the tuple of an untagged IPv4 TCP or UDP frame without
@@ -70,7 +73,7 @@ func (p *Processor) prepare(i int, frame []byte) {
 		return
 	}
 	set, way := p.cache.lookup(&pre.key, pre.hash)
-	pre.set, pre.way = set, way
+	pre.set, pre.way, pre.puts = set, way, p.cache.puts
 	if way >= 0 {
 		p.touched += ct.TouchHandle(p.cache.sets[set][way].handle)
 		return
@@ -141,27 +144,36 @@ func (p *Processor) fastV4(frame []byte, s *flowSlot, now int64) (Verdict, bool)
 	return Verdict{Action: Forward, NextHop: rw.Dst, Len: len(frame)}, true
 }
 
-// fastDeltas works out, for a flow whose packets arrive with tuple from and
-// leave with tuple to, what fastV4 needs: the change to the IPv4 header
-// checksum from the addresses, the change to the TCP or UDP checksum from
-// the addresses and ports, and the pseudo-header sum of from without its
-// length (to recognise a partial checksum). Only words that change count,
-// as in nat.Rewrite. ok is false unless both are IPv4 TCP or UDP.
-func fastDeltas(from, to *packet.Tuple) (ip, l4, pseudo uint16, ok bool) {
-	if !from.Src.Is4() || !from.Dst.Is4() || !to.Src.Is4() || !to.Dst.Is4() ||
-		from.Proto != packet.ProtoTCP && from.Proto != packet.ProtoUDP {
+// fastDeltas works out, for a flow whose packets arrive with the tuple
+// packed in k and leave with tuple to, what fastV4 needs: the change to the
+// IPv4 header checksum from the addresses, the change to the TCP or UDP
+// checksum from the addresses and ports, and the pseudo-header sum of the
+// arriving tuple without its length (to recognise a partial checksum).
+// Only words that change count, as in nat.Rewrite. ok is false unless both
+// tuples are IPv4 TCP or UDP.
+func fastDeltas(k *conntrack.Key, to *packet.Tuple) (ip, l4, pseudo uint16, ok bool) {
+	const v4Mapped = 0xffff << 16 // the low word of a v4-mapped address's second half
+	proto := packet.Proto(k[4] >> 8)
+	if k[0] != 0 || k[2] != 0 || uint32(k[1]) != v4Mapped || uint32(k[3]) != v4Mapped || !to.Src.Is4() || !to.Dst.Is4() ||
+		proto != packet.ProtoTCP && proto != packet.ProtoUDP {
 		return 0, 0, 0, false
 	}
+	// The key holds the address bytes in little-endian words.
+	src, dst := bits.ReverseBytes32(uint32(k[1]>>32)), bits.ReverseBytes32(uint32(k[3]>>32))
+	sport, dport := uint16(k[4]>>48), uint16(k[4]>>32)
+	nsrc, ndst := binary.BigEndian.Uint32(to.Src[12:]), binary.BigEndian.Uint32(to.Dst[12:])
 	var addrs, ports uint64
-	for _, a := range [2][2]packet.Addr{{from.Src, to.Src}, {from.Dst, to.Dst}} {
-		if a[0] != a[1] {
-			addrs += uint64(^binary.BigEndian.Uint32(a[0][12:])) + uint64(binary.BigEndian.Uint32(a[1][12:]))
-		}
+	if src != nsrc {
+		addrs += uint64(^src) + uint64(nsrc)
 	}
-	for _, pt := range [2][2]uint16{{from.SrcPort, to.SrcPort}, {from.DstPort, to.DstPort}} {
-		if pt[0] != pt[1] {
-			ports += uint64(^pt[0]) + uint64(pt[1])
-		}
+	if dst != ndst {
+		addrs += uint64(^dst) + uint64(ndst)
 	}
-	return nat.Fold(addrs), nat.Fold(addrs + ports), nat.Fold(nat.PseudoHeaderSum(from.Src, from.Dst, from.Proto, 0)), true
+	if sport != to.SrcPort {
+		ports += uint64(^sport) + uint64(to.SrcPort)
+	}
+	if dport != to.DstPort {
+		ports += uint64(^dport) + uint64(to.DstPort)
+	}
+	return nat.Fold(addrs), nat.Fold(addrs + ports), nat.Fold(uint64(src) + uint64(dst) + uint64(proto)), true
 }

@@ -247,17 +247,96 @@ func TestFlowCacheSurvivesNothingStale(t *testing.T) {
 	if _, res := h.ct.Insert(orig, other, conntrack.DNAT, 1, 3); res != conntrack.Inserted {
 		t.Fatal(res)
 	}
-	for _, batch := range []bool{false, true} {
-		f = frame(t, packet.ProtoUDP, podA, vip, 7000, 53, 0, nil)
-		if batch {
-			h.proc.prepare(0, f)
-			v = h.proc.process(f, 4, &h.proc.pre[0])
+	// Twice in one batch, both prepared while the cache still held the
+	// old flow: the first finds it gone and caches the new one, the
+	// second must not use the slot prepare saw.
+	fs := [][]byte{frame(t, packet.ProtoUDP, podA, vip, 7000, 53, 0, nil), frame(t, packet.ProtoUDP, podA, vip, 7000, 53, 0, nil)}
+	for i, f := range fs {
+		h.proc.prepare(i, f)
+	}
+	for i, f := range append(fs, frame(t, packet.ProtoUDP, podA, vip, 7000, 53, 0, nil)) {
+		if i < 2 {
+			v = h.proc.process(f, 4, &h.proc.pre[i])
 		} else {
 			v = h.proc.Process(f, 4)
 		}
 		got := parse(t, f[:v.Len])
 		if got.Dst != other.Dst || got.DstPort != 9999 {
-			t.Fatalf("batch %v: sent to %v:%d after the flow was replaced, want %v:9999", batch, got.Dst, got.DstPort, other.Dst)
+			t.Fatalf("packet %d: sent to %v:%d after the flow was replaced, want %v:9999", i, got.Dst, got.DstPort, other.Dst)
 		}
+	}
+}
+
+// TestNewFlowCachedAtOnce: a flow enters the flow cache with its first
+// packet, so that the connection's next packet is a cache hit, and the
+// first packet already takes the fast path.
+func TestNewFlowCachedAtOnce(t *testing.T) {
+	h := newHarness(t, testModel(), 4096)
+	p := h.proc
+	vip := addr("198.19.0.20")
+	f := frame(t, packet.ProtoUDP, podA, vip, 7100, 53, 0, []byte("q"))
+	p.prepare(0, f)
+	v := p.process(f, 1, &p.pre[0])
+	if v.Action != Forward || p.NewFlows != 1 {
+		t.Fatalf("first packet %v/%v, %d new flows", v.Action, v.Reason, p.NewFlows)
+	}
+	out := parse(t, f[:v.Len]) // checksums included
+	if out.Dst != addr("198.18.1.13") || out.DstPort != 5353 {
+		t.Fatalf("first packet sent to %v:%d", out.Dst, out.DstPort)
+	}
+	f = frame(t, packet.ProtoUDP, podA, vip, 7100, 53, 0, []byte("q2"))
+	p.prepare(0, f)
+	if p.pre[0].way < 0 {
+		t.Fatal("the new flow is not in the flow cache")
+	}
+	hits := p.CacheHits
+	if v := p.process(f, 2, &p.pre[0]); v.Action != Forward || p.CacheHits != hits+1 || p.CacheMisses != 0 {
+		t.Fatalf("second packet %v/%v, hits %d, misses %d", v.Action, v.Reason, p.CacheHits-hits, p.CacheMisses)
+	}
+}
+
+// TestNewFlowFastMatchesGeneral: the first packet of a new flow, which the
+// worker's batch path rewrites with fastV4 once the flow is inserted,
+// leaves exactly as the general path sends it (two tables with the same
+// seeds make the same choices).
+func TestNewFlowFastMatchesGeneral(t *testing.T) {
+	mk := func() *Processor {
+		ct, err := conntrack.New(conntrack.Config{Capacity: 4096, Seed: 7})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := newHarness(t, testModel(), 16)
+		cfg := h.proc.cfg
+		cfg.Conntrack = ct
+		p := NewProcessor(cfg)
+		p.BeginBatch(1)
+		return p
+	}
+	general, fast := mk(), mk()
+	general.cacheOff = true
+	rng := rand.New(rand.NewPCG(5, 6))
+	for i := range 200 {
+		client := []packet.Addr{podA, outside}[i%2]
+		proto, vip, port, flags := packet.ProtoTCP, addr("198.19.0.10"), uint16(80), uint8(packet.TCPSyn)
+		if i%4 >= 2 {
+			proto, vip, port, flags = packet.ProtoUDP, addr("198.19.0.20"), 53, 0
+		}
+		f := frame(t, proto, client, vip, uint16(30000+i), port, flags, make([]byte, rng.IntN(100)))
+		f[22] = byte(2 + rng.IntN(250))
+		fixIPChecksum(f)
+		a := append(make([]byte, 0, 2048), f...)
+		b := append(make([]byte, 0, 2048), f...)
+		va := general.Process(a, 1e9)
+		fast.prepare(0, b)
+		vb := fast.process(b, 1e9, &fast.pre[0])
+		if va != vb || !bytes.Equal(a[:va.Len], b[:vb.Len]) {
+			t.Fatalf("flow %d: fast %+v %x\ngeneral %+v %x", i, vb, b[:vb.Len], va, a[:va.Len])
+		}
+		if va.Action != Forward {
+			t.Fatalf("flow %d: %v/%v", i, va.Action, va.Reason)
+		}
+	}
+	if fast.NewFlows != 200 || general.NewFlows != 200 {
+		t.Fatalf("new flows: fast %d, general %d", fast.NewFlows, general.NewFlows)
 	}
 }

@@ -99,14 +99,15 @@ func (p *Processor) Housekeep(now int64) { p.cfg.Conntrack.SweepDue(now, p.cfg.S
 
 // HousekeepIdle is Housekeep for a worker whose ring is empty: it may
 // inspect idleSweepFactor times as many entries, so that sweeping keeps
-// pace when batches are rare.
+// some pace when batches are rare.
 func (p *Processor) HousekeepIdle(now int64) {
 	p.cfg.Conntrack.SweepDue(now, p.cfg.SweepBudget*idleSweepFactor)
 }
 
 // idleSweepFactor: an idle worker turns every IdleWait (200 ms) and may
-// then sweep 64 x 256 entries, about 30 us of work.
-const idleSweepFactor = 64
+// then sweep 16 x 256 entries, at most about 0.1% of a CPU while flows
+// are tracked (none without).
+const idleSweepFactor = 16
 
 // Process translates one frame in place and says what to do with it. now is
 // a monotonic time in nanoseconds. frame's capacity may exceed its length:
@@ -123,22 +124,25 @@ func (p *Processor) process(frame []byte, now int64, pre *prepared) Verdict {
 	known := false // the table was asked for pre.key and has no flow
 	if pre != nil && pre.quick && !p.cacheOff {
 		var s *flowSlot
-		if pre.way >= 0 {
-			s = &p.cache.sets[pre.set][pre.way]
-		}
-		if s == nil || !sameKey(&s.key, &pre.key) {
-			// An earlier frame of the batch moved or cached it.
+		if pre.puts == p.cache.puts {
+			// The cache is as prepare saw it.
+			if pre.way >= 0 {
+				s = &p.cache.sets[pre.set][pre.way]
+			}
+		} else {
+			// An earlier frame of the batch cached a flow (maybe this
+			// one, maybe one in its place).
 			s = p.cache.find(&pre.key, pre.hash)
 		}
 		if s != nil && !ct.Revalidate(s.handle, s.stamp, now) {
-			s.key = conntrack.Key{} // gone or replaced: ask the table
+			p.cache.drop(s) // gone or replaced: ask the table
 			s = nil
 		}
 		if s != nil {
 			p.CacheHits++
 		} else if flow, dir, ok := ct.LookupKey(&pre.key, pre.hash, now); ok {
 			p.CacheMisses++
-			s = p.cache.put(&pre.key, pre.hash, &flow, dir)
+			s = p.cache.put(&pre.key, pre.hash, flow.Handle, flow.Stamp(), &flow.Rewrite, dir)
 		} else {
 			known = true
 		}
@@ -159,7 +163,7 @@ func (p *Processor) process(frame []byte, now int64, pre *prepared) Verdict {
 		return p.icmpError(frame, now)
 	}
 	if known {
-		return p.newFlow(frame, now)
+		return p.newFlow(frame, now, pre)
 	}
 	var k conntrack.Key
 	var h uint64
@@ -178,18 +182,18 @@ func (p *Processor) process(frame []byte, now int64, pre *prepared) Verdict {
 				}
 				return p.established(frame, s.handle, &s.rewrite, s.dir, now)
 			}
-			s.key = conntrack.Key{}
+			p.cache.drop(s)
 		}
 	}
 	flow, dir, ok := ct.LookupKey(&k, h, now)
 	if ok {
 		p.CacheMisses++
 		if !p.cacheOff {
-			p.cache.put(&k, h, &flow, dir)
+			p.cache.put(&k, h, flow.Handle, flow.Stamp(), &flow.Rewrite, dir)
 		}
 		return p.established(frame, flow.Handle, &flow.Rewrite, dir, now)
 	}
-	return p.newFlow(frame, now)
+	return p.newFlow(frame, now, pre)
 }
 
 // CompletePartial completes a TCP or UDP checksum that checksum offload
@@ -251,7 +255,7 @@ func (p *Processor) established(frame []byte, h conntrack.Handle, rw *packet.Tup
 
 // newFlow handles the first packet of a flow: find the frontend, choose a
 // backend, allocate a SNAT port when masquerading, track and translate.
-func (p *Processor) newFlow(frame []byte, now int64) Verdict {
+func (p *Processor) newFlow(frame []byte, now int64, pre *prepared) Verdict {
 	pk := &p.pkt
 	tbl := p.table
 	if tbl == nil {
@@ -323,6 +327,17 @@ func (p *Processor) newFlow(frame []byte, now int64) Verdict {
 	if len(p.NewReplies) < cap(p.NewReplies) {
 		p.NewReplies = append(p.NewReplies, translated.Reverse())
 		p.NewHandles = append(p.NewHandles, h)
+	}
+	if pre != nil && pre.quick && !p.cacheOff {
+		// Cache the flow at once: the connection's next packets (the
+		// handshake's, a request's) find it, and this one takes the
+		// fast path too.
+		if stamp, ok := p.cfg.Conntrack.Stamp(h); ok {
+			sl := p.cache.put(&pre.key, pre.hash, h, stamp, &translated, conntrack.Original)
+			if v, ok := p.fastV4(frame, sl, now); ok {
+				return v
+			}
+		}
 	}
 	return p.established(frame, h, &translated, conntrack.Original, now)
 }

@@ -81,7 +81,6 @@ type Worker struct {
 	done  chan struct{}
 
 	rx      []afxdp.Desc
-	frames  [][]byte // the bytes of rx, for the batch being processed (they alias the UMEM, never the heap)
 	ownTx   []afxdp.Desc
 	release []afxdp.Desc
 	unsent  []conntrack.Handle // flows whose reply tuple the XDP table refused
@@ -120,7 +119,6 @@ func NewWorker(cfg WorkerConfig, port *Port, eg *atomic.Pointer[egress], proc *P
 		cfg: cfg, port: port, proc: proc, ct: ct, resolver: resolver, flows: flows, egress: eg,
 		done:    make(chan struct{}),
 		rx:      make([]afxdp.Desc, cfg.BatchSize),
-		frames:  make([][]byte, cfg.BatchSize),
 		ownTx:   make([]afxdp.Desc, 0, cfg.BatchSize),
 		release: make([]afxdp.Desc, 0, cfg.BatchSize),
 		unsent:  make([]conntrack.Handle, 0, cfg.BatchSize),
@@ -280,14 +278,15 @@ func (w *Worker) processBatch(descs []afxdp.Desc) {
 	// Two passes (fastpath.go): the first reads every frame's tuple and
 	// touches its flow, so that the batch's cache misses overlap; the
 	// second translates.
-	frames := w.frames[:len(descs)]
 	p := w.proc
 	for i, d := range descs {
-		frames[i] = sock.Frame(d)
-		p.prepare(i, frames[i])
+		p.prepare(i, sock.Frame(d))
 	}
 	for i, d := range descs {
-		frame := frames[i]
+		// Frame again rather than keep the slices: storing a pointer
+		// per frame in the heap costs a write barrier whenever the
+		// garbage collector runs.
+		frame := sock.Frame(d)
 		v := p.process(frame, now, &p.pre[i])
 		switch v.Action {
 		case Forward, Reply:

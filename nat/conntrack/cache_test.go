@@ -120,7 +120,7 @@ func TestSweepDue(t *testing.T) {
 	n := uint64(tb.Capacity())
 	for i := range 2000 {
 		mustInsert(t, tb, tup(client, uint16(1+i), frontend, 53, packet.ProtoUDP),
-			tup(client, uint16(1+i), backend, 53, packet.ProtoUDP), DNAT, 1, 0)
+			tup(client, uint16(1+i), backend, 53, packet.ProtoUDP), DNAT, 1, 99*sec)
 	}
 	// First call: one pass is due, at most limit of it.
 	tb.SweepDue(100*sec, 256)
@@ -143,13 +143,21 @@ func TestSweepDue(t *testing.T) {
 	if inspected < n-sweepChunk || inspected > n+sweepChunk {
 		t.Errorf("%d calls in an interval inspected %d entries, want about %d", calls, inspected, n)
 	}
-	// Everything expired at 30 s: after one interval of calls at 130 s,
-	// the table is empty.
+	// Everything expired at 129 s: after one interval of calls from
+	// 130 s, the table is empty.
 	for now = 130 * sec; now < 132*sec+sec/10; now += sec / 100 {
 		tb.SweepDue(now, 256)
 	}
 	if st := tb.Stats(); st.Live != 0 || st.Expired != 2000 {
 		t.Errorf("after an interval of calls: %d live, %d expired", st.Live, st.Expired)
+	}
+	// An empty table is not scanned.
+	before = tb.sweepCursor.Load()
+	for now = 140 * sec; now < 145*sec; now += sec / 100 {
+		tb.SweepDue(now, 256)
+	}
+	if c := tb.sweepCursor.Load(); c != before {
+		t.Errorf("an empty table: %d entries inspected", c-before)
 	}
 	if n := tb.SweepDue(now-sec, 256); n != 0 || tb.SweepDue(now, 0) != 0 {
 		t.Error("a call in the past or with no limit swept")

@@ -146,8 +146,9 @@
 // shares. Workers call SweepDue, once per batch and when idle: it inspects
 // the part of the slab that is due at that time, so that all the workers
 // together pass over the whole table once per Config.SweepInterval
-// (default 2 s) however many packets they handle, at most a given budget
-// per call; a call with less than 64 entries due costs one atomic load.
+// (default 5 s) however many packets they handle, at most a given budget
+// per call; a call with less than 64 entries due costs one atomic load,
+// and an empty table is not scanned.
 // (A fixed budget per batch, as before, read 256 entries, 32 KiB, for
 // every 64 packets: a third of the cost of a new flow at a million flows.)
 // An expired flow therefore leaves the table, and OnRemove is called, up

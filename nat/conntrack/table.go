@@ -46,7 +46,7 @@ type Config struct {
 	// together take to pass over the whole table once, whatever the
 	// packet rate; an expired flow leaves the table (and OnRemove is
 	// called) at most about this long after its deadline, unless an
-	// insert needs its room first. Default 2s.
+	// insert needs its room first. Default 5s.
 	SweepInterval time.Duration
 
 	// OnRemove, when set, is called once for every flow that leaves the
