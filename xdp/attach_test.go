@@ -2,6 +2,7 @@ package xdp
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -18,6 +19,7 @@ import (
 	"github.com/google/gopacket/layers"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/xdproxy/xdproxy/nat/packet"
 )
@@ -427,26 +429,30 @@ func ping(src, dst string) error {
 	}
 	to := &net.IPAddr{IP: net.ParseIP(dst)}
 	reply := make([]byte, 1500)
-	deadline := time.Now().Add(3 * time.Second)
-	for time.Now().Before(deadline) {
+	// Each try waits up to 300 ms for the reply, so the poll needs no
+	// interval of its own.
+	err = wait.PollUntilContextTimeout(context.Background(), 0, 3*time.Second, true, func(context.Context) (bool, error) {
 		if _, err := c.WriteTo(buf.Bytes(), to); err != nil {
-			return err
+			return false, err
 		}
 		c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
 		for {
 			n, from, err := c.ReadFrom(reply)
 			if err != nil {
-				break // timed out: send again
+				return false, nil // timed out: send again
 			}
 			// The raw socket sees every ICMP message; the reply is an
 			// echo reply with our id from dst.
 			if n >= 8 && reply[0] == layers.ICMPv4TypeEchoReply && reply[4] == id>>8 && reply[5] == id&0xff &&
 				from.String() == dst {
-				return nil
+				return true, nil
 			}
 		}
+	})
+	if wait.Interrupted(err) {
+		return fmt.Errorf("no echo reply from %s", dst)
 	}
-	return fmt.Errorf("no echo reply from %s", dst)
+	return err
 }
 
 // TestTrafficReachesSockets attaches with an AF_XDP socket on every queue:
@@ -566,8 +572,9 @@ func receive(t *testing.T, socks []*asavie.Socket, want int, match func(*packet.
 	t.Helper()
 	got := 0
 	var p packet.Packet
-	deadline := time.Now().Add(3 * time.Second)
-	for got < want && time.Now().Before(deadline) {
+	// Each round waits up to 20 ms on every socket, so the poll needs no
+	// interval of its own.
+	_ = wait.PollUntilContextTimeout(context.Background(), 0, 3*time.Second, true, func(context.Context) (bool, error) {
 		for _, s := range socks {
 			n, _, err := s.Poll(20)
 			if err != nil {
@@ -581,6 +588,7 @@ func receive(t *testing.T, socks []*asavie.Socket, want int, match func(*packet.
 			}
 			s.Fill(descs)
 		}
-	}
+		return got >= want, nil
+	})
 	return got
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/xdproxy/xdproxy/dataplane"
 	"github.com/xdproxy/xdproxy/internal/testbed"
@@ -262,22 +264,34 @@ func (a *daemon) start() {
 	}
 	a.exited = make(chan struct{})
 	go func(c *exec.Cmd, ch chan struct{}) { a.exitErr = c.Wait(); close(ch) }(a.cmd, a.exited)
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
+	a.waitPublished("xdproxy")
+}
+
+// waitPublished waits until the process just started, named name in
+// failures, serves its admin socket with a published table; it fails the
+// test if the process exits first.
+func (a *daemon) waitPublished(name string) {
+	a.t.Helper()
+	if !waitUntil(100*time.Millisecond, 60*time.Second, func() bool {
 		select {
 		case <-a.exited:
-			a.t.Fatalf("xdproxy exited: %v\n%s", a.exitErr, a.log)
+			a.t.Fatalf("%s exited: %v\n%s", name, a.exitErr, a.log)
 		default:
 		}
 		var st struct {
 			Table struct{ Frontends int } `json:"table"`
 		}
-		if a.query("stats", &st) == nil && st.Table.Frontends > 0 {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
+		return a.query("stats", &st) == nil && st.Table.Frontends > 0
+	}) {
+		a.t.Fatalf("%s did not publish a table in time:\n%s", name, a.log)
 	}
-	a.t.Fatalf("xdproxy did not publish a table in time:\n%s", a.log)
+}
+
+// waitUntil calls cond every interval until it returns true or timeout has
+// passed, and says whether it did. cond may fail the test.
+func waitUntil(interval, timeout time.Duration, cond func() bool) bool {
+	return wait.PollUntilContextTimeout(context.Background(), interval, timeout, true,
+		func(context.Context) (bool, error) { return cond(), nil }) == nil
 }
 
 // stop sends SIGTERM and waits; it reports a non-zero exit.
@@ -338,19 +352,17 @@ func (a *daemon) dump() string {
 // waitBackends waits until the service named name lists n backends.
 func (a *daemon) waitBackends(name string, n int) {
 	a.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
+	if !waitUntil(100*time.Millisecond, 30*time.Second, func() bool {
 		var svcs []serviceReply
-		if a.query("services", &svcs) == nil {
-			for _, s := range svcs {
-				if strings.HasPrefix(s.Name, "default/"+name) && len(s.Backends) == n {
-					return
-				}
-			}
+		if a.query("services", &svcs) != nil {
+			return false
 		}
-		time.Sleep(100 * time.Millisecond)
+		return slices.ContainsFunc(svcs, func(s serviceReply) bool {
+			return strings.HasPrefix(s.Name, "default/"+name) && len(s.Backends) == n
+		})
+	}) {
+		a.t.Fatalf("service %s never had %d backends\n%s", name, n, a.dump())
 	}
-	a.t.Fatalf("service %s never had %d backends\n%s", name, n, a.dump())
 }
 
 // The admin socket's answers, as the tests read them.

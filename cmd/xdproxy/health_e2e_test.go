@@ -230,16 +230,9 @@ func (a *daemon) armFaults(n int) {
 // within retries check every 200 ms until it returns "" or d passes.
 func within(t *testing.T, d time.Duration, what string, check func() string) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		last := check()
-		if last == "" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s, not within %v: %s", what, d, last)
-		}
-		time.Sleep(200 * time.Millisecond)
+	last := ""
+	if !waitUntil(200*time.Millisecond, d, func() bool { last = check(); return last == "" }) {
+		t.Fatalf("%s, not within %v: %s", what, d, last)
 	}
 }
 
@@ -263,21 +256,12 @@ func forwards(tb *testbed.Testbed, addr string) bool {
 // succeeds (pending 0) first.
 func waitUnhealthy(t *testing.T, a *daemon, e httpEnds, queued time.Time) healthBody {
 	t.Helper()
-	deadline := time.Now().Add(healthTimeout + 30*time.Second)
-	for {
-		code, body := e.health(t, "/healthz")
+	var body healthBody
+	if !waitUntil(200*time.Millisecond, healthTimeout+30*time.Second, func() bool {
+		var code int
+		code, body = e.health(t, "/healthz")
 		if code == http.StatusServiceUnavailable {
-			if waited := time.Since(queued); waited < healthTimeout {
-				t.Errorf("/healthz failed %v after the change was made; kube-proxy's rule allows %v", waited, healthTimeout)
-			}
-			want := "is not applied after " + healthTimeout.String()
-			if body.Healthy || len(body.Problems) == 0 || !strings.Contains(strings.Join(body.Problems, "\n"), want) {
-				t.Errorf("/healthz 503 body does not name the queued update (%q): %+v", want, body)
-			}
-			if m := e.publishMetrics(t); m.healthy != 0 || m.pending != 1 {
-				t.Errorf("while /healthz fails: %+v, want healthy 0 and pending 1", m)
-			}
-			return body
+			return true
 		}
 		if code != http.StatusOK || !body.Healthy {
 			t.Fatalf("/healthz answered %d %+v, want 200 or the queued update's 503", code, body)
@@ -286,11 +270,21 @@ func waitUnhealthy(t *testing.T, a *daemon, e httpEnds, queued time.Time) health
 			t.Fatalf("the failing publish went through before /healthz failed (%v after the change); faults: %+v\n%s",
 				time.Since(queued).Round(time.Millisecond), a.faultSeam("GET", ""), a.dump())
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("/healthz never failed while a change waited\n%s", a.dump())
-		}
-		time.Sleep(200 * time.Millisecond)
+		return false
+	}) {
+		t.Fatalf("/healthz never failed while a change waited\n%s", a.dump())
 	}
+	if waited := time.Since(queued); waited < healthTimeout {
+		t.Errorf("/healthz failed %v after the change was made; kube-proxy's rule allows %v", waited, healthTimeout)
+	}
+	want := "is not applied after " + healthTimeout.String()
+	if body.Healthy || len(body.Problems) == 0 || !strings.Contains(strings.Join(body.Problems, "\n"), want) {
+		t.Errorf("/healthz 503 body does not name the queued update (%q): %+v", want, body)
+	}
+	if m := e.publishMetrics(t); m.healthy != 0 || m.pending != 1 {
+		t.Errorf("while /healthz fails: %+v, want healthy 0 and pending 1", m)
+	}
+	return body
 }
 
 // waitRecovered waits for the pending publish to go through and checks

@@ -86,19 +86,14 @@ func TestSpoofedRSTIgnored(t *testing.T) {
 	sndNxt, rcvNxt := learnSeq(t, clientCap, local, vip)
 	sendTCPv4(t, tb.ClientNS(), local, vip, sndNxt+1<<30, rcvNxt, tcpRST|tcpACK)
 	var after agentStats
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	if !waitUntil(50*time.Millisecond, 5*time.Second, func() bool {
 		after, err = a.pressureStats()
-		if err == nil && after.Workers.ByReason["drop_out_of_window"] > before.Workers.ByReason["drop_out_of_window"] &&
-			after.Conntrack.OutOfWindowRST > before.Conntrack.OutOfWindowRST {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the forged reset was not counted: drop_out_of_window %d -> %d, OutOfWindowRST %d -> %d\n%s",
-				before.Workers.ByReason["drop_out_of_window"], after.Workers.ByReason["drop_out_of_window"],
-				before.Conntrack.OutOfWindowRST, after.Conntrack.OutOfWindowRST, a.dump())
-		}
-		time.Sleep(50 * time.Millisecond)
+		return err == nil && after.Workers.ByReason["drop_out_of_window"] > before.Workers.ByReason["drop_out_of_window"] &&
+			after.Conntrack.OutOfWindowRST > before.Conntrack.OutOfWindowRST
+	}) {
+		t.Fatalf("the forged reset was not counted: drop_out_of_window %d -> %d, OutOfWindowRST %d -> %d\n%s",
+			before.Workers.ByReason["drop_out_of_window"], after.Workers.ByReason["drop_out_of_window"],
+			before.Conntrack.OutOfWindowRST, after.Conntrack.OutOfWindowRST, a.dump())
 	}
 	if st, _, _ := a.flowState(orig); st != "tcp_established" {
 		t.Errorf("after the forged reset the flow is %q, want tcp_established", st)
@@ -117,12 +112,8 @@ func TestSpoofedRSTIgnored(t *testing.T) {
 	// The client's own reset, with its next sequence number, goes through.
 	sndNxt, rcvNxt = learnSeq(t, clientCap, local, vip)
 	sendTCPv4(t, tb.ClientNS(), local, vip, sndNxt, rcvNxt, tcpRST|tcpACK)
-	deadline = time.Now().Add(5 * time.Second)
-	for echo.resets.Load() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("an in-window reset did not reach the backend: captured there %v\n%s", backendCap.find(toBackend), a.dump())
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !waitUntil(20*time.Millisecond, 5*time.Second, func() bool { return echo.resets.Load() != 0 }) {
+		t.Fatalf("an in-window reset did not reach the backend: captured there %v\n%s", backendCap.find(toBackend), a.dump())
 	}
 	if st, _, _ := a.flowState(orig); st != "tcp_close" {
 		t.Errorf("after an in-window reset the flow is %q, want tcp_close", st)
@@ -311,24 +302,24 @@ func TestSYNFloodLocksNobodyOut(t *testing.T) {
 		}
 	}()
 	// Wait until the flood has overrun the table.
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		st, err := a.pressureStats()
+	var st agentStats
+	if !waitUntil(100*time.Millisecond, 20*time.Second, func() bool {
+		var err error
+		st, err = a.pressureStats()
 		// Full and overrun: the SYN guard turned on, or (with the guard
 		// off) four tables' worth of flows went in.
 		if err == nil && st.Conntrack.EvictedUnassured > 0 &&
 			(st.SYNGuard || st.Conntrack.Inserts-before.Conntrack.Inserts > 4*st.Conntrack.Capacity) {
-			break
+			return true
 		}
 		select {
 		case <-flooded:
 			t.Fatalf("the flood ended early: %+v %v", flood, floodErr)
 		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the flood did not fill the table in 20s (%+v)\n%s", st.Conntrack, a.dump())
-		}
-		time.Sleep(100 * time.Millisecond)
+		return false
+	}) {
+		t.Fatalf("the flood did not fill the table in 20s (%+v)\n%s", st.Conntrack, a.dump())
 	}
 	floodStart := time.Now()
 	// The legitimate client's segments, for the report.

@@ -124,22 +124,18 @@ func TestHitlessRestartAndUpgrade(t *testing.T) {
 	// after t0.
 	waitProgress := func(when string, t0 time.Time) {
 		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for {
+		waiting := 0
+		if !waitUntil(20*time.Millisecond, 30*time.Second, func() bool {
 			checkBroken(when)
-			waiting := 0
+			waiting = 0
 			for _, s := range streams {
 				if !s.prog.since(t0) {
 					waiting++
 				}
 			}
-			if waiting == 0 && udp.prog.since(t0) {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: %d connections (and UDP: %v) made no progress for 30s\n%s", when, waiting, !udp.prog.since(t0), a.dump())
-			}
-			time.Sleep(20 * time.Millisecond)
+			return waiting == 0 && udp.prog.since(t0)
+		}) {
+			t.Fatalf("%s: %d connections (and UDP: %v) made no progress for 30s\n%s", when, waiting, !udp.prog.since(t0), a.dump())
 		}
 	}
 
@@ -274,22 +270,7 @@ func (a *daemon) startBuild(binary string) {
 	}
 	a.exited = make(chan struct{})
 	go func(c *exec.Cmd, ch chan struct{}) { a.exitErr = c.Wait(); close(ch) }(a.cmd, a.exited)
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		select {
-		case <-a.exited:
-			a.t.Fatalf("%s exited: %v\n%s", binary, a.exitErr, a.log)
-		default:
-		}
-		var st struct {
-			Table struct{ Frontends int } `json:"table"`
-		}
-		if a.query("stats", &st) == nil && st.Table.Frontends > 0 {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	a.t.Fatalf("%s did not publish a table in time:\n%s", binary, a.log)
+	a.waitPublished(binary)
 }
 
 // upgradeBuild is the other build the upgrade starts: the binary

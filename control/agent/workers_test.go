@@ -1,9 +1,12 @@
 package agent
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/xdproxy/xdproxy/control/health"
 	"github.com/xdproxy/xdproxy/dataplane"
@@ -22,12 +25,9 @@ func TestWorkersAliveNamesAStuckWorker(t *testing.T) {
 
 	waitFor := func(what string, within time.Duration, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(within)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within %v", what, within)
-			}
-			time.Sleep(10 * time.Millisecond)
+		if err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, within, true,
+			func(context.Context) (bool, error) { return cond(), nil }); err != nil {
+			t.Fatalf("%s: not within %v", what, within)
 		}
 	}
 	waitFor("both workers running", 5*time.Second, func() bool {

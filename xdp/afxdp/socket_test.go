@@ -2,6 +2,7 @@ package afxdp
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -9,15 +10,24 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
+
+// waitUntil calls cond every interval (0: without pause) until it returns
+// true or timeout has passed, and says whether it did. cond may fail the
+// test.
+func waitUntil(interval, timeout time.Duration, cond func() bool) bool {
+	return wait.PollUntilContextTimeout(context.Background(), interval, timeout, true,
+		func(context.Context) (bool, error) { return cond(), nil }) == nil
+}
 
 // receiveN collects n frames from s, waiting at most timeout in total.
 func receiveN(t *testing.T, s *Socket, n int, timeout time.Duration) []Desc {
 	t.Helper()
 	got := make([]Desc, 0, n)
 	buf := make([]Desc, 64)
-	deadline := time.Now().Add(timeout)
-	for len(got) < n && time.Now().Before(deadline) {
+	// Wait paces the loop while nothing arrives.
+	if !waitUntil(0, timeout, func() bool {
 		s.Refill()
 		k := s.Receive(buf)
 		got = append(got, buf[:k]...)
@@ -26,8 +36,8 @@ func receiveN(t *testing.T, s *Socket, n int, timeout time.Duration) []Desc {
 				t.Fatalf("Wait: %v", err)
 			}
 		}
-	}
-	if len(got) < n {
+		return len(got) >= n
+	}) {
 		st, _ := s.Stats()
 		t.Fatalf("received %d frames, want %d (stats %+v)", len(got), n, st)
 	}
@@ -120,9 +130,7 @@ func TestEcho(t *testing.T) {
 		}
 	}
 	completed := 0
-	for deadline := time.Now().Add(time.Second); completed < count && time.Now().Before(deadline); {
-		completed += s.Complete()
-	}
+	waitUntil(0, time.Second, func() bool { completed += s.Complete(); return completed >= count })
 	if completed != count {
 		t.Fatalf("Complete returned %d frames, want %d", completed, count)
 	}
@@ -157,12 +165,13 @@ func TestRefillKeepsFillRingFull(t *testing.T) {
 	}
 	var descs [32]Desc
 	got := 0
-	for deadline := time.Now().Add(3 * time.Second); got < 10 && time.Now().Before(deadline); {
+	waitUntil(0, 3*time.Second, func() bool {
 		got += s.Receive(descs[got:])
 		if got < 10 {
 			s.Wait(50 * time.Millisecond)
 		}
-	}
+		return got >= 10
+	})
 	if got != 10 {
 		t.Fatalf("received %d, want 10", got)
 	}
@@ -253,9 +262,7 @@ func TestTransmitAllocated(t *testing.T) {
 	// Wait for completions without kicking again: one Transmit must have
 	// pushed the whole ring out.
 	completed := 0
-	for deadline := time.Now().Add(2 * time.Second); completed < n && time.Now().Before(deadline); {
-		completed += s.Complete()
-	}
+	waitUntil(0, 2*time.Second, func() bool { completed += s.Complete(); return completed >= n })
 	if completed != n {
 		st, _ := s.Stats()
 		t.Fatalf("%d of %d frames completed after one Transmit (stats %+v)", completed, n, st)
@@ -275,9 +282,7 @@ func TestTransmitAllocated(t *testing.T) {
 			t.Fatalf("datagram %d = %q, want %q", i, buf[:k], want)
 		}
 	}
-	for deadline := time.Now().Add(2 * time.Second); completed < count && time.Now().Before(deadline); {
-		completed += s.Complete()
-	}
+	waitUntil(0, 2*time.Second, func() bool { completed += s.Complete(); return completed >= count })
 	if completed != count {
 		t.Fatalf("completed %d, want %d", completed, count)
 	}
@@ -303,7 +308,7 @@ func TestTwoQueues(t *testing.T) {
 	queueOf := map[uint16]int{}
 	perQueue := [2]int{}
 	buf := make([]Desc, 64)
-	for deadline := time.Now().Add(5 * time.Second); perQueue[0]+perQueue[1] < flows*perFlow && time.Now().Before(deadline); {
+	waitUntil(0, 5*time.Second, func() bool {
 		idle := true
 		for q, s := range socks {
 			n := s.Receive(buf)
@@ -327,7 +332,8 @@ func TestTwoQueues(t *testing.T) {
 		if idle {
 			time.Sleep(5 * time.Millisecond)
 		}
-	}
+		return perQueue[0]+perQueue[1] >= flows*perFlow
+	})
 	if perQueue[0]+perQueue[1] != flows*perFlow {
 		t.Fatalf("received %v frames per queue, want %d in total", perQueue, flows*perFlow)
 	}
@@ -395,9 +401,7 @@ func TestHotPathAllocs(t *testing.T) {
 	for i := 0; i < queued; i++ {
 		peer.WriteToUDP([]byte("alloc"), &net.UDPAddr{IP: ipA, Port: 9})
 	}
-	for deadline := time.Now().Add(3 * time.Second); s.rx.available(queued) < queued && time.Now().Before(deadline); {
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitUntil(10*time.Millisecond, 3*time.Second, func() bool { return s.rx.available(queued) >= queued })
 	descs := make([]Desc, 4)
 	one := make([]Desc, 1)
 	var frame [64]byte
@@ -497,9 +501,7 @@ func TestRingsWrap(t *testing.T) {
 			}
 		}
 		done := 0
-		for deadline := time.Now().Add(time.Second); done < burst && time.Now().Before(deadline); {
-			done += s.Complete()
-		}
+		waitUntil(0, time.Second, func() bool { done += s.Complete(); return done >= burst })
 		if done != burst {
 			t.Fatalf("round %d: %d of %d frames completed", r, done, burst)
 		}
@@ -536,8 +538,7 @@ func TestNeedWakeupRespected(t *testing.T) {
 	if _, _, err := peer.ReadFromUDP(make([]byte, 64)); err != nil {
 		t.Fatalf("the transmitted frame did not arrive: %v", err)
 	}
-	for deadline := time.Now().Add(time.Second); s.Complete() == 0 && time.Now().Before(deadline); {
-	}
+	waitUntil(0, time.Second, func() bool { return s.Complete() != 0 })
 	before, _ := s.Stats()
 	s.Transmit(nil) // nothing to send, nothing pending
 	for range 100 {
@@ -594,7 +595,7 @@ func TestBusyPollOptions(t *testing.T) {
 	}
 	got := 0
 	buf := make([]Desc, 64)
-	for deadline := time.Now().Add(3 * time.Second); got < count && time.Now().Before(deadline); {
+	waitUntil(0, 3*time.Second, func() bool {
 		if s.Drive() {
 			n := s.Receive(buf)
 			for _, d := range buf[:n] {
@@ -603,7 +604,8 @@ func TestBusyPollOptions(t *testing.T) {
 			got += n
 			s.Refill()
 		}
-	}
+		return got >= count
+	})
 	st, _ := s.Stats()
 	if got != count {
 		t.Fatalf("received %d of %d frames by Drive alone (stats %+v)", got, count, st)
