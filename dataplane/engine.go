@@ -126,7 +126,11 @@ type Engine struct {
 	// reconcileNow asks the flow reconciler for a pass now rather than at
 	// its next tick: tuples were lost, or the flow table refused one.
 	reconcileNow chan struct{}
-	synGuardOn   atomic.Bool
+	// flowEntries, flowRemoved and flowRestored: what the reconciler's
+	// passes found in the XDP flow map (FlowTableStats).
+	flowEntries               atomic.Int64
+	flowRemoved, flowRestored atomic.Uint64
+	synGuardOn                atomic.Bool
 
 	closeOnce sync.Once
 	closeErr  error
@@ -690,6 +694,17 @@ func (e *Engine) Errors() <-chan error { return e.errs }
 // XDPCounters sums the XDP programs' counters.
 func (e *Engine) XDPCounters() (xdp.Counters, error) { return e.tables.Counters() }
 
+// LocalClientCounters reads the socket programs' counters; ok is false
+// when local clients are not translated at the socket.
+func (e *Engine) LocalClientCounters() (c socklb.Counters, ok bool, err error) {
+	lc := e.k.LocalClients()
+	if lc == nil || e.cfg.LocalClientsCgroup == "" {
+		return c, false, nil
+	}
+	c, err = lc.Counters()
+	return c, err == nil, err
+}
+
 // InterfaceStatus says how one configured interface is served.
 type InterfaceStatus struct {
 	Name    string `json:"name"`
@@ -1035,11 +1050,39 @@ func (e *Engine) reconcileSoon() {
 	}
 }
 
+// FlowTableStats describes the XDP flow map, the reply tuples the program
+// claims, as the flow reconciler's passes (every 10 s) found it: the map's
+// pressure.
+type FlowTableStats struct {
+	// Entries is the number of tuples the map held after the last pass.
+	Entries int
+	// Removed counts tuples the passes deleted because their flow was
+	// gone; Restored, tuples of live flows they wrote back (a write was
+	// refused or lost).
+	Removed, Restored uint64
+	// LostDeletions counts ended flows whose deletion did not fit the
+	// janitor's queue (a pass removes them later).
+	LostDeletions uint64
+}
+
+// FlowTableStats returns the flow map's pressure (see FlowTableStats).
+func (e *Engine) FlowTableStats() FlowTableStats {
+	return FlowTableStats{Entries: int(e.flowEntries.Load()), Removed: e.flowRemoved.Load(),
+		Restored: e.flowRestored.Load(), LostDeletions: e.goneDropped.Load()}
+}
+
 // reconcileOnce makes one pass and returns how many tuples it removed and
 // how many it put back.
 func (e *Engine) reconcileOnce() (removed, restored int, err error) {
-	now := monotonicNow()
 	inMap := map[xdp.FlowKey]bool{}
+	defer func() {
+		e.flowRemoved.Add(uint64(removed))
+		e.flowRestored.Add(uint64(restored))
+		if err == nil {
+			e.flowEntries.Store(int64(len(inMap) - removed + restored))
+		}
+	}()
+	now := monotonicNow()
 	var stale []xdp.FlowKey
 	err = e.tables.ForEachFlow(func(k xdp.FlowKey) bool {
 		inMap[k] = true

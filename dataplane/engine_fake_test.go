@@ -382,12 +382,20 @@ func TestReconcileRestoresAndRemovesTuples(t *testing.T) {
 	delete(fn.k.tables.flows, live)
 	fn.k.tables.flows[stale] = true
 	fn.k.tables.mu.Unlock()
+	before := fn.e.FlowTableStats()
 	removed, restored, err := fn.e.reconcileOnce()
 	if err != nil || removed != 1 || restored != 1 {
 		t.Fatalf("reconcile: removed %d, restored %d, %v; want 1 and 1", removed, restored, err)
 	}
 	if !fn.k.tables.hasFlow(live) || fn.k.tables.hasFlow(stale) {
 		t.Error("the flow map does not match conntrack after reconciling")
+	}
+	// The pass's findings are the map's pressure, for the metrics.
+	fn.k.tables.mu.Lock()
+	inMap := len(fn.k.tables.flows)
+	fn.k.tables.mu.Unlock()
+	if st := fn.e.FlowTableStats(); st.Entries != inMap || st.Removed != before.Removed+1 || st.Restored != before.Restored+1 {
+		t.Errorf("flow table stats %+v after a pass that removed 1 and restored 1 (before %+v), %d tuples in the map", st, before, inMap)
 	}
 }
 
@@ -476,9 +484,13 @@ func TestStateSurvivesRestart(t *testing.T) {
 func TestLocalClientsGetLocalOriginBackends(t *testing.T) {
 	k := newFakeKernel()
 	k.local = &fakeLocalClients{}
-	startFakeNodeOn(t, k, 1, func(c *EngineConfig) { c.LocalClientsCgroup = "/sys/fs/cgroup/unified/test" })
+	fn := startFakeNodeOn(t, k, 1, func(c *EngineConfig) { c.LocalClientsCgroup = "/sys/fs/cgroup/unified/test" })
 	if k.local.cgroup != "/sys/fs/cgroup/unified/test" {
 		t.Fatalf("attached to %q", k.local.cgroup)
+	}
+	// The programs' counters reach the metrics and admin stats.
+	if c, ok, err := fn.e.LocalClientCounters(); !ok || err != nil || c.Translated == 0 {
+		t.Errorf("local client counters %+v, %v, %v; want the fake's count of SetFrontends", c, ok, err)
 	}
 	byKey := map[string]socklb.Frontend{}
 	for _, f := range k.local.frontends {

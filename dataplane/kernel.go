@@ -147,6 +147,8 @@ type LocalClients interface {
 	// every pod and host process is under it).
 	Attach(cgroupPath string) error
 	SetFrontends([]socklb.Frontend) error
+	// Counters reads the programs' counters.
+	Counters() (socklb.Counters, error)
 	// Close lets go of the programs, which stay attached when pinned;
 	// Detach removes them.
 	Close() error

@@ -605,6 +605,14 @@ func (l *fakeLocalClients) SetFrontends(fes []socklb.Frontend) error {
 	return nil
 }
 
+// Counters counts every SetFrontends as a translation: enough to see the
+// engine read them.
+func (l *fakeLocalClients) Counters() (socklb.Counters, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return socklb.Counters{Translated: uint64(l.sets)}, nil
+}
+
 func (l *fakeLocalClients) Close() error  { return nil }
 func (l *fakeLocalClients) Detach() error { return nil }
 func (k *fakeKernel) Resolver() Resolver  { return k.resolver }

@@ -18,6 +18,7 @@ import (
 	"github.com/xdproxy/xdproxy/control/health"
 	"github.com/xdproxy/xdproxy/dataplane"
 	"github.com/xdproxy/xdproxy/nat/conntrack"
+	"github.com/xdproxy/xdproxy/xdp/socklb"
 )
 
 // adminServer answers `xdproxy admin` over a unix socket with JSON.
@@ -77,7 +78,9 @@ type statsReply struct {
 	XDP       any                `json:"xdp"`
 	Conntrack conntrack.Stats    `json:"conntrack"`
 	SYNGuard  bool               `json:"synGuard"`
-	Table     struct {
+	// LocalClients: the socket programs' counters, when they run.
+	LocalClients *socklb.Counters `json:"localClients,omitempty"`
+	Table        struct {
 		Generation uint64 `json:"generation"`
 		Version    string `json:"version"`
 		Frontends  int    `json:"frontends"`
@@ -94,6 +97,9 @@ func (a *adminServer) stats(w http.ResponseWriter, _ *http.Request) {
 	}
 	r.Conntrack = a.a.engine.Conntrack().Stats()
 	r.SYNGuard = a.a.engine.SYNGuardOn()
+	if c, ok, _ := a.a.engine.LocalClientCounters(); ok {
+		r.LocalClients = &c
+	}
 	t := a.a.engine.Services().Load()
 	r.Table.Generation, r.Table.Version, r.Table.Frontends = t.Generation(), t.Version(), t.Frontends()
 	writeJSON(w, r)

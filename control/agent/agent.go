@@ -112,7 +112,7 @@ func start(o Options) (a *agent, err error) {
 		return nil, err
 	}
 	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	a.reg.MustRegister(newDataplaneCollector(a.engine, a.proxy))
+	a.reg.MustRegister(newDataplaneCollector(a.engine, a.proxy, flowTableSize(cfg.Conntrack.MaxEntries)))
 	if a.pub, err = newPublisher(a, a.reg); err != nil {
 		return nil, err
 	}

@@ -15,48 +15,55 @@ import (
 type dataplaneCollector struct {
 	engine *dataplane.Engine
 	proxy  *health.Proxy
+	// flowSlots is the XDP flow map's size (flowTableSize).
+	flowSlots int
 
 	rx, fwd, replied, tx, copied, newFlows, wakeups, toKernel, reasons, publishErrs *prometheus.Desc
 	xdpFrames, xdpMatches                                                           *prometheus.Desc
 	ctEntries, ctState, ctCapacity, ctFill, ctEvents                                *prometheus.Desc
 	ifaceQueues, ifaceServed, healthy, synGuard                                     *prometheus.Desc
+	flowEntries, flowCapacity, flowEvents, localClients                             *prometheus.Desc
 }
 
-func newDataplaneCollector(e *dataplane.Engine, p *health.Proxy) *dataplaneCollector {
+func newDataplaneCollector(e *dataplane.Engine, p *health.Proxy, flowSlots int) *dataplaneCollector {
 	wl := []string{"interface", "queue"}
 	d := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc("xdproxy_"+name, help, labels, nil)
 	}
 	return &dataplaneCollector{
-		engine: e, proxy: p,
-		rx:          d("worker_rx_frames_total", "Frames received by the worker.", wl...),
-		fwd:         d("worker_forwarded_frames_total", "Frames translated and forwarded.", wl...),
-		replied:     d("worker_replied_frames_total", "Replies generated (TCP resets, ICMP unreachables).", wl...),
-		tx:          d("worker_tx_frames_total", "Frames put on TX rings.", wl...),
-		copied:      d("worker_copied_frames_total", "Frames copied into another interface's UMEM.", wl...),
-		newFlows:    d("worker_new_flows_total", "Connections created.", wl...),
-		wakeups:     d("worker_poll_wakeups_total", "Times the worker woke from poll().", wl...),
-		toKernel:    d("worker_to_kernel_frames_total", "Frames handed to the kernel's stack through the exception link.", wl...),
-		reasons:     d("worker_not_forwarded_frames_total", "Frames not forwarded as they came, by reason (pass_* went to the kernel).", "interface", "queue", "reason"),
-		publishErrs: d("worker_flow_publish_errors_total", "Batches whose reply tuples the XDP flow table refused.", wl...),
-		xdpFrames:   d("xdp_frames_total", "Frames seen by the XDP programs, by verdict.", "verdict"),
-		xdpMatches:  d("xdp_matches_total", "Frames the XDP programs claimed, by the rule that claimed them.", "rule"),
-		ctEntries:   d("conntrack_entries", "Tracked connections, by assurance.", "assured"),
-		ctState:     d("conntrack_state_entries", "Tracked connections by state.", "state"),
-		ctCapacity:  d("conntrack_capacity", "Connections the table holds."),
-		ctFill:      d("conntrack_fill_ratio", "Tracked connections over capacity: table pressure."),
-		ctEvents:    d("conntrack_events_total", "Connection-table events.", "event"),
-		ifaceQueues: d("interface_queues", "Receive queues each configured interface has.", "interface"),
-		ifaceServed: d("interface_served_queues", "Receive queues with a socket and a worker.", "interface"),
-		healthy:     d("healthy", "1 when the check passes: healthz, livez.", "check"),
-		synGuard:    d("syn_guard", "1 while the XDP program admits only retransmitted SYNs (a flood of new connections overruns the table)."),
+		engine: e, proxy: p, flowSlots: flowSlots,
+		rx:           d("worker_rx_frames_total", "Frames received by the worker.", wl...),
+		fwd:          d("worker_forwarded_frames_total", "Frames translated and forwarded.", wl...),
+		replied:      d("worker_replied_frames_total", "Replies generated (TCP resets, ICMP unreachables).", wl...),
+		tx:           d("worker_tx_frames_total", "Frames put on TX rings.", wl...),
+		copied:       d("worker_copied_frames_total", "Frames copied into another interface's UMEM.", wl...),
+		newFlows:     d("worker_new_flows_total", "Connections created.", wl...),
+		wakeups:      d("worker_poll_wakeups_total", "Times the worker woke from poll().", wl...),
+		toKernel:     d("worker_to_kernel_frames_total", "Frames handed to the kernel's stack through the exception link.", wl...),
+		reasons:      d("worker_not_forwarded_frames_total", "Frames not forwarded as they came, by reason (pass_* went to the kernel).", "interface", "queue", "reason"),
+		publishErrs:  d("worker_flow_publish_errors_total", "Batches whose reply tuples the XDP flow table refused.", wl...),
+		xdpFrames:    d("xdp_frames_total", "Frames seen by the XDP programs, by verdict.", "verdict"),
+		xdpMatches:   d("xdp_matches_total", "Frames the XDP programs claimed, by the rule that claimed them.", "rule"),
+		ctEntries:    d("conntrack_entries", "Tracked connections, by assurance.", "assured"),
+		ctState:      d("conntrack_state_entries", "Tracked connections by state.", "state"),
+		ctCapacity:   d("conntrack_capacity", "Connections the table holds."),
+		ctFill:       d("conntrack_fill_ratio", "Tracked connections over capacity: table pressure."),
+		ctEvents:     d("conntrack_events_total", "Connection-table events.", "event"),
+		ifaceQueues:  d("interface_queues", "Receive queues each configured interface has.", "interface"),
+		ifaceServed:  d("interface_served_queues", "Receive queues with a socket and a worker.", "interface"),
+		healthy:      d("healthy", "1 when the check passes: healthz, livez.", "check"),
+		synGuard:     d("syn_guard", "1 while the XDP program admits only retransmitted SYNs (a flood of new connections overruns the table)."),
+		flowEntries:  d("xdp_flow_table_entries", "Reply tuples in the XDP flow map at the reconciler's last pass (every 10 s)."),
+		flowCapacity: d("xdp_flow_table_capacity", "Reply tuples the XDP flow map holds."),
+		flowEvents:   d("xdp_flow_table_events_total", "Reconciler repairs of the XDP flow map: stale tuples removed, live ones restored, deletions the janitor's queue lost.", "event"),
+		localClients: d("local_clients_total", "Service connections of clients on the node, as the socket programs handled them (translated, rejected, dropped, ...).", "event"),
 	}
 }
 
 func (c *dataplaneCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.rx, c.fwd, c.replied, c.tx, c.copied, c.newFlows, c.wakeups, c.toKernel,
 		c.reasons, c.publishErrs, c.xdpFrames, c.xdpMatches, c.ctEntries, c.ctState, c.ctCapacity, c.ctFill, c.ctEvents,
-		c.ifaceQueues, c.ifaceServed, c.healthy, c.synGuard} {
+		c.ifaceQueues, c.ifaceServed, c.healthy, c.synGuard, c.flowEntries, c.flowCapacity, c.flowEvents, c.localClients} {
 		ch <- d
 	}
 }
@@ -128,4 +135,22 @@ func (c *dataplaneCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.healthy, b(c.proxy.Healthz().Healthy), "healthz")
 	gauge(c.healthy, b(c.proxy.Livez().Healthy), "livez")
 	gauge(c.synGuard, b(c.engine.SYNGuardOn()))
+	ft := c.engine.FlowTableStats()
+	gauge(c.flowEntries, float64(ft.Entries))
+	gauge(c.flowCapacity, float64(c.flowSlots))
+	counter(c.flowEvents, ft.Removed, "removed_stale")
+	counter(c.flowEvents, ft.Restored, "restored")
+	counter(c.flowEvents, ft.LostDeletions, "deletion_lost")
+	if lc, ok, _ := c.engine.LocalClientCounters(); ok {
+		for _, e := range []struct {
+			name string
+			v    uint64
+		}{
+			{"translated", lc.Translated}, {"rejected", lc.Rejected}, {"dropped", lc.Dropped},
+			{"not_node", lc.NotNode}, {"no_backend", lc.NoBackend}, {"affinity_hit", lc.AffinityHits},
+			{"pin_hit", lc.PinHits}, {"reversed", lc.Reversed}, {"reverse_failed", lc.ReverseFailed},
+		} {
+			counter(c.localClients, e.v, e.name)
+		}
+	}
 }
