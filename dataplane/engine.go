@@ -440,6 +440,9 @@ func (e *Engine) reconcileNIC(n *nic) (started []*Worker, closed []*Port, change
 		changed = true
 	}
 	want, problem := wantedQueues(n.cfg.Queues, l.Queues)
+	if !n.exception {
+		problem = joinProblem(problem, mtuProblem(l.MTU, n.cfg.Socket.FrameSize))
+	}
 	if n.att == nil {
 		att, err := e.k.Attach(l.Index, n.cfg.Mode)
 		if err != nil {
@@ -538,9 +541,31 @@ func wantedQueues(configured []int, n int) ([]int, string) {
 	return want, problem
 }
 
+// xdpHeadroom is the room the kernel keeps before a frame it copies into
+// a UMEM frame (XDP_PACKET_HEADROOM).
+const xdpHeadroom = 256
+
+// mtuProblem says why an interface with this MTU loses frames into UMEM
+// frames of frameSize bytes: the kernel cannot place a frame longer than
+// a UMEM frame less its headroom and drops it, silently for the sender.
+// Empty when the largest frame (Ethernet and a VLAN tag on top of the MTU)
+// fits, or the MTU is unknown.
+func mtuProblem(mtu, frameSize int) string {
+	const ethVLANHeader = 18
+	room := frameSize - xdpHeadroom
+	if mtu == 0 || mtu+ethVLANHeader <= room {
+		return ""
+	}
+	return fmt.Sprintf("MTU %d: its longest frames (%d bytes) do not fit a %d-byte UMEM frame after the kernel's %d-byte headroom and would be lost; lower the MTU to %d or set frameSize 4096 (MTU up to %d)",
+		mtu, mtu+ethVLANHeader, frameSize, xdpHeadroom, room-ethVLANHeader, 4096-xdpHeadroom-ethVLANHeader)
+}
+
 func joinProblem(a, b string) string {
 	if a == "" {
 		return b
+	}
+	if b == "" {
+		return a
 	}
 	return a + "; " + b
 }

@@ -346,6 +346,23 @@ func TestMixedFrameSizesRefused(t *testing.T) {
 	}
 }
 
+// TestMTUOverFrameSizeIsAProblem: an interface whose longest frames do not
+// fit a UMEM frame (the kernel would drop them, unseen) is not fully
+// served: /healthz fails naming the MTU, until the MTU fits again.
+func TestMTUOverFrameSizeIsAProblem(t *testing.T) {
+	fn := startFakeNode(t, 1, nil)
+	if err := fn.e.Healthy(); err != nil {
+		t.Fatalf("unhealthy at the start: %v", err)
+	}
+	fn.k.setMTU("n1", 2000) // 2018-byte frames; 1792 fit a 2048-byte frame
+	await(t, "the MTU to be a problem", func() bool {
+		err := fn.e.Healthy()
+		return err != nil && strings.Contains(err.Error(), "n1: MTU 2000") && strings.Contains(err.Error(), "lower the MTU to 1774")
+	})
+	fn.k.setMTU("n1", 1774)
+	await(t, "the problem to go", func() bool { return fn.e.Healthy() == nil })
+}
+
 // TestPublishFailureIsReturnedAndRetried: a table the XDP maps refuse is
 // an error for the caller, and the next Publish programs the maps again
 // even if the table is unchanged.

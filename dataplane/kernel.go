@@ -49,6 +49,8 @@ type Link struct {
 	// Queues is the number of receive queues (channels) in use now,
 	// which an ethtool -L changes; not the number the device could have.
 	Queues int
+	// MTU is the device's MTU; 0 when unknown.
+	MTU int
 	// Addrs are its IPv4 and IPv6 addresses, link-local ones excluded.
 	Addrs []packet.Addr
 }

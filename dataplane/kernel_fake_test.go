@@ -424,6 +424,16 @@ func (k *fakeKernel) addLink(name string, queues int, addrs ...string) Link {
 	return l
 }
 
+// setMTU changes an interface's MTU.
+func (k *fakeKernel) setMTU(name string, mtu int) {
+	k.mu.Lock()
+	l := k.links[name]
+	l.MTU = mtu
+	k.links[name] = l
+	k.mu.Unlock()
+	k.notify()
+}
+
 func (k *fakeKernel) deleteLink(name string) {
 	k.mu.Lock()
 	l := k.links[name]

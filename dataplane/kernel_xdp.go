@@ -128,7 +128,7 @@ func (k *xdpKernel) Link(name string) (Link, error) {
 		return Link{}, fmt.Errorf("interface %s: %w", name, err)
 	}
 	a := l.Attrs()
-	out := Link{Name: a.Name, Index: a.Index, MAC: a.HardwareAddr, Queues: max(a.NumRxQueues, 1)}
+	out := Link{Name: a.Name, Index: a.Index, MAC: a.HardwareAddr, Queues: max(a.NumRxQueues, 1), MTU: a.MTU}
 	err = k.inNS(func() error {
 		ch, err := getChannels(name)
 		if err == nil && ch.rx+ch.combined > 0 {
