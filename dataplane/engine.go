@@ -159,9 +159,10 @@ type nic struct {
 // nodeAddrs are the addresses of the served interfaces, for masquerading
 // and for telling VIPs from node addresses.
 type nodeAddrs struct {
-	byIfindex map[int][]packet.Addr // IPv4 only
-	v4        []packet.Addr
-	all       map[packet.Addr]bool
+	byIfindex  map[int][]packet.Addr // IPv4 only
+	byIfindex6 map[int][]packet.Addr // IPv6 only (link-local ones are not in Link.Addrs)
+	v4, v6     []packet.Addr
+	all        map[packet.Addr]bool
 }
 
 // Start attaches to every interface and starts the workers. A configured
@@ -216,7 +217,7 @@ func Start(cfg EngineConfig) (_ *Engine, err error) {
 		return nil, err
 	}
 	e.services.Store(service.Compile(&service.Model{}, service.CompileOptions{}))
-	e.addrs.Store(&nodeAddrs{byIfindex: map[int][]packet.Addr{}, all: map[packet.Addr]bool{}})
+	e.addrs.Store(&nodeAddrs{byIfindex: map[int][]packet.Addr{}, byIfindex6: map[int][]packet.Addr{}, all: map[packet.Addr]bool{}})
 
 	frameSize := 0
 	for _, ic := range cfg.Interfaces {
@@ -636,7 +637,7 @@ func (e *Engine) runWorker(w *Worker) {
 // the interfaces as they are now.
 func (e *Engine) publishLinks() {
 	eg := &egress{kernelMAC: e.kernelMAC}
-	na := &nodeAddrs{byIfindex: map[int][]packet.Addr{}, all: map[packet.Addr]bool{}}
+	na := &nodeAddrs{byIfindex: map[int][]packet.Addr{}, byIfindex6: map[int][]packet.Addr{}, all: map[packet.Addr]bool{}}
 	for _, n := range e.nics {
 		if n.exception {
 			if len(n.ports) > 0 {
@@ -652,6 +653,9 @@ func (e *Engine) publishLinks() {
 			if a.Is4() {
 				na.byIfindex[n.link.Index] = append(na.byIfindex[n.link.Index], a)
 				na.v4 = append(na.v4, a)
+			} else {
+				na.byIfindex6[n.link.Index] = append(na.byIfindex6[n.link.Index], a)
+				na.v6 = append(na.v6, a)
 			}
 		}
 	}
@@ -663,7 +667,7 @@ func (e *Engine) publishLinks() {
 // configured one, else the address of the interface the flow leaves by.
 func (e *Engine) snatSource(backend packet.Addr) (packet.Addr, bool) {
 	if !backend.Is4() {
-		return packet.Addr{}, false
+		return e.snatSource6(backend)
 	}
 	h, r := e.k.Resolver().Resolve(backend)
 	if r == packet.OK && h.ViaKernel {
@@ -682,6 +686,27 @@ func (e *Engine) snatSource(backend packet.Addr) (packet.Addr, bool) {
 	}
 	if len(na.v4) > 0 {
 		return na.v4[0], true
+	}
+	return packet.Addr{}, false
+}
+
+// snatSource6 is snatSource for an IPv6 backend: the IPv6 address of the
+// interface the flow leaves by, else any of the node's. A backend on this
+// node has none: LocalSNATAddress is IPv4, so such flows find no source
+// (drop_no_snat_port).
+func (e *Engine) snatSource6(backend packet.Addr) (packet.Addr, bool) {
+	h, r := e.k.Resolver().Resolve(backend)
+	if r == packet.OK && h.ViaKernel {
+		return packet.Addr{}, false
+	}
+	na := e.addrs.Load()
+	if r == packet.OK || r == packet.DropNeighbor {
+		if as := na.byIfindex6[h.Ifindex]; len(as) > 0 {
+			return as[0], true
+		}
+	}
+	if len(na.v6) > 0 {
+		return na.v6[0], true
 	}
 	return packet.Addr{}, false
 }

@@ -518,10 +518,9 @@ func TestNoEndpointsRejects(t *testing.T) {
 	}
 }
 
-// TestIPv6ClusterIP: an IPv6 service, an IPv6 client and IPv6 endpoints,
-// through the same XDP program, conntrack and NAT.
-func TestIPv6ClusterIP(t *testing.T) {
-	tb := newTopology(t, testbed.Options{IPv6: true})
+// web6Services is an IPv6 web service with the three backends' IPv6
+// addresses as endpoints.
+func web6Services() string {
 	services := `apiVersion: v1
 kind: Service
 metadata: {name: web6, namespace: default}
@@ -544,7 +543,14 @@ endpoints:
 	for i := 0; i < 3; i++ {
 		services += fmt.Sprintf("- {addresses: [%s], conditions: {ready: true}}\n", testbed.BackendAddr6(i))
 	}
-	a := newAgent(t, tb, services, agentOptions{clusterCIDR: "198.18.0.0/24,2001:db8:18::/64"})
+	return services
+}
+
+// TestIPv6ClusterIP: an IPv6 service, an IPv6 client and IPv6 endpoints,
+// through the same XDP program, conntrack and NAT.
+func TestIPv6ClusterIP(t *testing.T) {
+	tb := newTopology(t, testbed.Options{IPv6: true})
+	a := newAgent(t, tb, web6Services(), agentOptions{clusterCIDR: "198.18.0.0/24,2001:db8:18::/64"})
 	seen := map[string]bool{}
 	for i := 0; i < 30; i++ {
 		name, err := get(tb, "http://[2001:db8:19::10]/")
@@ -555,5 +561,25 @@ endpoints:
 	}
 	if len(seen) != 3 {
 		t.Errorf("IPv6 service reached %v, want 3 backends", seen)
+	}
+}
+
+// TestIPv6Masquerades: an IPv6 client outside the cluster CIDRs reaches an
+// IPv6 cluster IP; the backend sees the node's IPv6 address on the
+// backends' side and a SNAT port, as kube-proxy would masquerade it.
+func TestIPv6Masquerades(t *testing.T) {
+	tb := newTopology(t, testbed.Options{IPv6: true})
+	a := newAgent(t, tb, web6Services(), agentOptions{clusterCIDR: "198.18.0.0/24,2001:db8:aa::/64"})
+	ports := config.DefaultPorts
+	for i := 0; i < 10; i++ {
+		got, err := get(tb, "http://[2001:db8:19::10]/whoami")
+		if err != nil {
+			t.Fatalf("request %d: %v\n%s", i, err, a.dump())
+		}
+		_, seen, _ := strings.Cut(got, " ")
+		ap, err := netip.ParseAddrPort(seen)
+		if err != nil || ap.Addr() != tb.NodeLANSide().Addr6 || ap.Port() < ports.First || ap.Port() > ports.Last {
+			t.Fatalf("the backend saw %q: want %v with a port in %d-%d\n%s", got, tb.NodeLANSide().Addr6, ports.First, ports.Last, a.dump())
+		}
 	}
 }

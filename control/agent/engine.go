@@ -103,7 +103,7 @@ func engineConfig(cfg *config.Config, host config.Host, log *slog.Logger) (datap
 	case a.Is4():
 		e.SNATAddress4 = packet.AddrFromNetip(a)
 	case a.Is6():
-		return e, fmt.Errorf("masquerade.address: %s: the dataplane masquerades IPv6 flows to the egress interface's address only", a)
+		return e, fmt.Errorf("masquerade.address: %s: an IPv4 address only; IPv6 flows are masqueraded to the IPv6 address of the interface they leave by", a)
 	}
 	for _, in := range cfg.Interfaces {
 		// The engine takes nil Queues as every queue, and pins the worker
