@@ -16,13 +16,18 @@ type SYNGuardConfig struct {
 	// Disabled leaves the guard off whatever happens.
 	Disabled bool
 	// Trigger is the number of flows early-dropped or refused for room in
-	// one Interval at which the guard turns on; default the larger of 64
-	// and 1/64 of the table's capacity.
+	// one Interval at which the guard turns on; default the larger of 16
+	// and 1/256 of the table's capacity (per 100 ms: the larger of 160
+	// and 1/25 of the table per second).
 	Trigger uint64
 	// Calm is how long the guard stays on after it last saw a flood: first
 	// SYNs dropped at the Trigger rate or more. Default 30 s.
 	Calm time.Duration
-	// Interval is how often the counters are read. Default 1 s.
+	// Interval is how often the counters are read. Default 100 ms: every
+	// interval before the guard is on lets a line-rate flood's SYNs reach
+	// the workers and the backends (a second let about 100,000 in, whose
+	// half-open connections at the backends outlived the flood's flows
+	// here and reset legitimate connections that reused their ports).
 	Interval time.Duration
 }
 
@@ -42,13 +47,13 @@ func (e *Engine) SYNGuardOn() bool { return e.synGuardOn.Load() }
 func (e *Engine) guardSYNs() {
 	cfg := e.cfg.SYNGuard
 	if cfg.Interval <= 0 {
-		cfg.Interval = time.Second
+		cfg.Interval = 100 * time.Millisecond
 	}
 	if cfg.Calm <= 0 {
 		cfg.Calm = 30 * time.Second
 	}
 	if cfg.Trigger == 0 {
-		cfg.Trigger = max(64, e.ct.Stats().Capacity/64)
+		cfg.Trigger = max(16, e.ct.Stats().Capacity/256)
 	}
 	// A pinned table may still hold the guard of an earlier process.
 	if err := e.tables.SetSYNGuard(xdp.SYNGuard{}); err != nil {

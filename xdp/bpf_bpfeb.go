@@ -69,17 +69,17 @@ type bpfSvcKey struct {
 }
 
 type bpfSynGuard struct {
-	_          structs.HostLayout
-	On         uint32
-	MinRetryMs uint32
-	WindowMs   uint32
-	Seed       uint32
-	SetMask    uint32
+	_        structs.HostLayout
+	On       uint32
+	MinRetry uint32
+	Window   uint32
+	Seed     uint32
+	SetMask  uint32
 }
 
 type bpfSynSet struct {
 	_   structs.HostLayout
-	Way [4]uint64
+	Way [8]uint32
 }
 
 // Names of all BPF objects in the ELF.

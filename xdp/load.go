@@ -22,12 +22,13 @@ const (
 	DefaultMaxAddrs     = 65536
 	DefaultMaxFlows     = 262144
 	DefaultMaxFragments = 8192
-	// synSeenSets is the number of 4-entry sets in the SYN guard's table
+	// synSeenSets is the number of 8-entry sets in the SYN guard's table
 	// of first SYNs (32 bytes each: 32 MiB). A flood writes entries at
 	// its rate; a client's entry must outlive the flood's writes to its
-	// set until it retransmits a second later: at 1 Mpps 98% do (fewer
-	// than 4 of the flood's SYNs land in its set, a Poisson draw with
-	// mean 0.95); at 4 Mpps 47%, and a client retransmits several times.
+	// set until it retransmits, 1 s and then 3 s and 7 s after its first
+	// SYN: at 1 Mpps (a Poisson draw of mean about 1 per set and second)
+	// fewer than 8 of the flood's SYNs land in its set in 1 s for all but
+	// 1 in 100,000 clients, in 3 s for 99%, in 7 s for 60%.
 	synSeenSets = 1 << 20
 )
 

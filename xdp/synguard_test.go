@@ -34,10 +34,19 @@ func TestSYNGuard(t *testing.T) {
 	run("first SYN", syn, xdpDrop, guarded)
 	run("SYN again at once", syn, xdpDrop, guarded)
 	time.Sleep(minRetry + 20*time.Millisecond - time.Since(start))
+	last := time.Now()
 	if time.Since(start) < window {
 		run("retransmitted SYN", syn, xdpRedirect, wantCounters(frontend, true))
 	}
+	// The window counts from the SYN before: a second retransmission
+	// later than the first SYN's window is let in while it is within the
+	// first retransmission's (the client's entry stays the youngest).
 	time.Sleep(window + 50*time.Millisecond - time.Since(start))
+	if time.Since(last) < window-50*time.Millisecond {
+		run("second retransmission", syn, xdpRedirect, wantCounters(frontend, true))
+		last = time.Now()
+	}
+	time.Sleep(window + 50*time.Millisecond - time.Since(last))
 	run("SYN after the window", syn, xdpDrop, guarded)
 
 	other := tcp4(t, client4, 40001, vip4, 80)
@@ -61,5 +70,8 @@ func TestSYNGuard(t *testing.T) {
 
 	if err := o.SetSYNGuard(SYNGuard{On: true, MinRetry: time.Second, Window: time.Second}); err == nil {
 		t.Error("SetSYNGuard took a window no longer than its minimum retry")
+	}
+	if err := o.SetSYNGuard(SYNGuard{On: true, MinRetry: time.Second, Window: 70 * time.Second}); err == nil {
+		t.Error("SetSYNGuard took a window longer than its table's clock can tell (68.7 s)")
 	}
 }

@@ -454,6 +454,7 @@ type tcpSeg struct {
 	seq, ack uint32
 	flags    uint8
 	payload  int
+	at       time.Time // when the sniffer read it
 }
 
 const (
@@ -564,6 +565,7 @@ func (s *sniffer) loop() {
 			seq: binary.BigEndian.Uint32(tcp[4:]), ack: binary.BigEndian.Uint32(tcp[8:]),
 			flags: tcp[13], payload: len(tcp) - doff,
 		}
+		seg.at = time.Now()
 		s.mu.Lock()
 		s.segs = append(s.segs, seg)
 		s.mu.Unlock()

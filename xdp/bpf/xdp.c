@@ -163,13 +163,14 @@ struct {
 /* The SYN guard, on while a flood of new connections overruns the
  * connection table: the first SYN of every new (src, dst, ports) to a
  * frontend is dropped and remembered, and a retransmission of it, at least
- * min_retry_ms and at most window_ms later, is let in. A client's TCP
+ * min_retry and at most window ticks after the SYN before, is let in. A client's TCP
  * retransmits its SYN after a second; a flood of spoofed SYNs, each tuple
- * sent once, never gets past XDP and never loads the workers. */
+ * sent once, never gets past XDP and never loads the workers. A tick is
+ * 2^24 ns (about 16.8 ms): SYN_TICK_SHIFT. */
 struct syn_guard {
 	__u32 on;
-	__u32 min_retry_ms;
-	__u32 window_ms;
+	__u32 min_retry; /* ticks */
+	__u32 window;	 /* ticks, below SYN_TIME_MASK */
 	__u32 seed;	 /* keys the slot hash: a flood cannot aim at a slot */
 	__u32 set_mask;	 /* syn_seen's size less one (a power of two) */
 };
@@ -181,16 +182,23 @@ struct {
 	__type(value, struct syn_guard);
 } syn_guard SEC(".maps");
 
-/* syn_seen remembers first SYNs in a 4-way set-associative table: each
- * entry holds a tag of the tuple (high 32 bits) and when its SYN came, in
- * ms (low 32 bits); a new tuple takes its set's oldest entry. A flood
- * writes entries at its rate, so the table is large (Go sizes it) and
+/* syn_seen remembers first SYNs in an 8-way set-associative table: each
+ * 32-bit entry holds a 20-bit tag of the tuple (never 0: 0 is an empty
+ * way) and, in its low 12 bits, when its SYN came, in ticks modulo 4096
+ * (68.7 s); a new tuple takes its set's oldest entry. A flood writes
+ * entries at its rate, so the table is large (Go sizes it) and
  * associative: a client's entry must outlive the flood's next writes to
- * its set until the client retransmits. An LRU hash would be emptied by
- * the flood in a fraction of a second. */
-#define SYN_WAYS 4
+ * its set until the client retransmits, and eight small ways outlive
+ * them far longer than four large ones in the same memory. A tag matches
+ * another tuple's once in 2^20 per way: at 1 Mpps about 8 spoofed SYNs a
+ * second get in. An LRU hash would be emptied by the flood in a fraction
+ * of a second. */
+#define SYN_WAYS 8
+#define SYN_TICK_SHIFT 24
+#define SYN_TIME_BITS 12
+#define SYN_TIME_MASK ((1u << SYN_TIME_BITS) - 1)
 struct syn_set {
-	__u64 way[SYN_WAYS];
+	__u32 way[SYN_WAYS];
 };
 
 struct {
@@ -538,8 +546,9 @@ static __always_inline int syn_guarded(void *l4, void *end, const struct flow *f
 #pragma unroll
 	for (int i = 0; i < 9; i++)
 		h = mix32(h, words[i]);
-	__u32 set = fmix32(h) & g->set_mask, tag = fmix32(h ^ 0x9e3779b9) | 1;
-	__u32 now = bpf_ktime_get_ns() / 1000000;
+	__u32 set = fmix32(h) & g->set_mask;
+	__u32 tag = (fmix32(h ^ 0x9e3779b9) | 1) << SYN_TIME_BITS;
+	__u32 now = (__u32)(bpf_ktime_get_ns() >> SYN_TICK_SHIFT) & SYN_TIME_MASK;
 	struct syn_set *seen = bpf_map_lookup_elem(&syn_seen, &set);
 	if (!seen)
 		return 1;
@@ -547,22 +556,31 @@ static __always_inline int syn_guarded(void *l4, void *end, const struct flow *f
 	__u32 oldest = 0;
 #pragma unroll
 	for (int i = 0; i < SYN_WAYS; i++) {
-		__u64 e = seen->way[i];
-		__u32 age = now - (__u32)e;
-		if ((__u32)(e >> 32) == tag) {
-			if (age < g->min_retry_ms)
+		__u32 e = seen->way[i];
+		__u32 age = (now - e) & SYN_TIME_MASK;
+		if ((e & ~SYN_TIME_MASK) == tag) {
+			if (age < g->min_retry)
 				return 1; /* too soon for a retransmission */
-			if (age <= g->window_ms)
-				return 0; /* a retransmission: a real client */
+			if (age <= g->window) {
+				/* A retransmission: a real client. Its entry
+				 * becomes its set's youngest, so that the next
+				 * retransmission (if this one is lost further
+				 * on) finds it too. */
+				seen->way[i & (SYN_WAYS - 1)] = tag | now;
+				return 0;
+			}
 			victim = i;   /* its own, too old: start again */
 			break;
 		}
-		if (e == 0 || age > oldest) {
-			oldest = e == 0 ? 0xffffffff : age;
+		if (e == 0) {
+			victim = i; /* an empty way: take it */
+			oldest = SYN_TIME_MASK + 1;
+		} else if (age > oldest) {
+			oldest = age;
 			victim = i;
 		}
 	}
-	seen->way[victim & (SYN_WAYS - 1)] = ((__u64)tag << 32) | now;
+	seen->way[victim & (SYN_WAYS - 1)] = tag | now;
 	return 1;
 }
 
