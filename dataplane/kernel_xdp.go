@@ -170,7 +170,13 @@ func (k *xdpKernel) WatchLinks(changed func()) (func(), error) {
 	ch := make(chan netlink.LinkUpdate, 64)
 	done := make(chan struct{})
 	opts := netlink.LinkSubscribeOptions{Namespace: &k.ns, ErrorCallback: func(err error) {
-		k.log.Warn("link events", "err", err)
+		select {
+		case <-done:
+			// Closing the subscription interrupts its receive: not
+			// a problem worth a warning.
+		default:
+			k.log.Warn("link events", "err", err)
+		}
 	}}
 	if err := netlink.LinkSubscribeWithOptions(ch, done, opts); err != nil {
 		return nil, fmt.Errorf("subscribing to link events: %w", err)
