@@ -145,7 +145,7 @@ func (o *Objects) DeleteFlows(keys []FlowKey) error {
 const flowChunk = 1024
 
 // ForEachFlow calls fn for each flow in the table until fn returns false.
-// The table changes underneath (workers add flows, the LRU evicts): a flow
+// The table changes underneath (workers add flows, the janitor and the reconciler delete them): a flow
 // added or removed meanwhile may or may not be seen, and without batch
 // operations in the kernel one may be seen twice. fn may call DeleteFlows.
 func (o *Objects) ForEachFlow(fn func(FlowKey) bool) error {

@@ -86,7 +86,7 @@ type Benchmark struct {
 type Interface struct {
 	Name string
 	// Queues are the RX queues to serve, one worker each; nil means every
-	// RX queue of the NIC, counted when xdproxy starts.
+	// RX queue the NIC has, followed as its channel count changes.
 	Queues []int
 	// CPUs are where the workers run: the worker of the i-th served queue
 	// runs on CPUs[i % len(CPUs)] (see WorkerCPU). nil means every CPU the
