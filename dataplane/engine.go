@@ -66,6 +66,10 @@ type EngineConfig struct {
 	// translated at the socket (Kernel.LocalClients); the node's root
 	// cgroup covers every one.
 	LocalClientsCgroup string
+	// NoLocalhostNodePorts keeps local clients' NodePorts off 127.0.0.1:
+	// kube-proxy serves them there only while nodePortAddresses is unset
+	// or includes the loopback address.
+	NoLocalhostNodePorts bool
 	// StateDir, when set, holds the connection table and the
 	// session-affinity table as files mapped into memory
 	// (conntrack.state, affinity.state; put it on a tmpfs): the next
@@ -902,7 +906,7 @@ func (e *Engine) Publish(t *service.Table) error {
 // frontend with the backends the table gives local-origin traffic (pods and
 // the node: traffic policies apply as kube-proxy applies them to them),
 // plus 127.0.0.1 for every IPv4 NodePort, as kube-proxy's iptables mode
-// allows.
+// allows (unless NoLocalhostNodePorts).
 func (e *Engine) programLocalClients(t *service.Table) error {
 	if e.cfg.LocalClientsCgroup == "" {
 		return nil
@@ -931,7 +935,7 @@ func (e *Engine) programLocalClients(t *service.Table) error {
 			continue
 		}
 		add(k.Addr, k.Port, fe)
-		if fe.Kind == service.NodePort && k.Addr.Is4() && !localhost[[2]uint16{k.Port, uint16(k.Proto)}] {
+		if fe.Kind == service.NodePort && k.Addr.Is4() && !e.cfg.NoLocalhostNodePorts && !localhost[[2]uint16{k.Port, uint16(k.Proto)}] {
 			localhost[[2]uint16{k.Port, uint16(k.Proto)}] = true
 			add(localhostAddr, k.Port, fe)
 		}

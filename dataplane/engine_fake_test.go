@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -18,6 +19,7 @@ import (
 	"github.com/xdproxy/xdproxy/xdp"
 	"github.com/xdproxy/xdproxy/xdp/afxdp"
 	"github.com/xdproxy/xdproxy/xdp/socklb"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // These tests run the engine and its workers on the fake kernel: no
@@ -43,12 +45,9 @@ func startFakeNode(t *testing.T, queues int, tweak func(*EngineConfig)) *fakeNod
 // await waits for cond, failing the test after a few seconds.
 func await(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
+	if wait.PollUntilContextTimeout(context.Background(), 2*time.Millisecond, 5*time.Second, true,
+		func(context.Context) (bool, error) { return cond(), nil }) != nil {
+		t.Fatalf("timed out waiting for %s", what)
 	}
 }
 
@@ -525,6 +524,18 @@ func TestLocalClientsGetLocalOriginBackends(t *testing.T) {
 	}
 	if e := byKey["198.19.0.30:80/TCP"]; !e.Reject || len(e.Backends) != 0 {
 		t.Errorf("service without endpoints: %+v, want reject", e)
+	}
+	// With nodePortAddresses leaving out the loopback address, no
+	// NodePort on 127.0.0.1.
+	k2 := newFakeKernel()
+	k2.local = &fakeLocalClients{}
+	startFakeNodeOn(t, k2, 1, func(c *EngineConfig) {
+		c.LocalClientsCgroup, c.NoLocalhostNodePorts = "/sys/fs/cgroup/unified/test", true
+	})
+	for _, f := range k2.local.frontends {
+		if f.Addr == localhostAddr {
+			t.Errorf("a localhost frontend %v:%d although localhost NodePorts are off", f.Addr, f.Port)
+		}
 	}
 	// externalTrafficPolicy Local: local-origin clients use every
 	// endpoint, not only this node's (kube-proxy's short circuit).

@@ -54,6 +54,16 @@ exceptionInterface: exc0
 		t.Errorf("engine config %+v", e)
 	}
 
+	if e.NoLocalhostNodePorts {
+		t.Error("localhost NodePorts off without nodePortAddresses")
+	}
+	for addrs, want := range map[string]bool{"[10.0.0.0/8]": true, "[10.0.0.0/8, 127.0.0.0/8]": false} {
+		c := parseTestConfig(t, "interfaces: [{name: a}]\nservices: {file: /x}\nnodePortAddresses: "+addrs+"\n")
+		if e, err := engineConfig(c, config.Host{}, slog.Default()); err != nil || e.NoLocalhostNodePorts != want {
+			t.Errorf("nodePortAddresses %s: localhost NodePorts off %v, want %v (%v)", addrs, e.NoLocalhostNodePorts, want, err)
+		}
+	}
+
 	c = parseTestConfig(t, "interfaces: [{name: a}]\nservices: {file: /x}\nmasquerade: {address: \"fd00::1\"}\n")
 	if _, err := engineConfig(c, config.Host{}, slog.Default()); err == nil || !strings.HasPrefix(err.Error(), "masquerade.address: fd00::1") {
 		t.Errorf("IPv6 masquerade address: %v", err)

@@ -96,6 +96,16 @@ func engineConfig(cfg *config.Config, host config.Host, log *slog.Logger) (datap
 			FragmentCapacity: ct.FragmentMaxEntries, FragmentTimeout: ct.FragmentTimeout},
 		SYNGuard: dataplane.SYNGuardConfig{Disabled: !ct.SYNGuard},
 	}
+	if len(cfg.NodePortAddresses) > 0 {
+		// kube-proxy serves NodePorts on localhost only when
+		// nodePortAddresses lets the loopback address in.
+		e.NoLocalhostNodePorts = true
+		for _, p := range cfg.NodePortAddresses {
+			if p.Contains(netip.MustParseAddr("127.0.0.1")) {
+				e.NoLocalhostNodePorts = false
+			}
+		}
+	}
 	if b := cfg.Benchmark; b.IOFloor { // benchmarking only: every frame forwarded untranslated
 		e.IOFloor = &dataplane.IOFloor{Peers: []packet.Addr{packet.AddrFromNetip(b.IOFloorPeer)}}
 	}
