@@ -20,6 +20,8 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	"github.com/xdproxy/xdproxy/bench/kernelrules"
 	"github.com/xdproxy/xdproxy/bench/report"
 	"github.com/xdproxy/xdproxy/bench/topo"
@@ -221,31 +223,33 @@ func adminGet(socket, path string, timeout time.Duration) ([]byte, error) {
 // there, so that no trial starts against a half-programmed proxy. Log
 // lines play no part.
 func (x *xdproxyProc) waitReady(set kernelrules.ServiceSet, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
 	frontends := -1
-	for {
+	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
 		select {
 		case <-x.exited:
-			return fmt.Errorf("xdproxy exited (%v) before it published %d services: %s", x.err, set.Count, tail(x.logs.String(), 1500))
+			return false, fmt.Errorf("xdproxy exited (%v) before it published %d services: %s", x.err, set.Count, tail(x.logs.String(), 1500))
 		default:
 		}
-		if b, err := x.get("/stats"); err == nil {
-			var st struct {
-				Table struct {
-					Frontends int `json:"frontends"`
-				} `json:"table"`
-			}
-			if err := json.Unmarshal(b, &st); err != nil {
-				return fmt.Errorf("xdproxy's /stats: %w", err)
-			}
-			if frontends = st.Table.Frontends; frontends >= set.Count {
-				break
-			}
+		b, err := x.get("/stats")
+		if err != nil {
+			return false, nil
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("xdproxy's table had %d of %d frontends after %v: %s", max(frontends, 0), set.Count, timeout, tail(x.logs.String(), 1500))
+		var st struct {
+			Table struct {
+				Frontends int `json:"frontends"`
+			} `json:"table"`
 		}
-		time.Sleep(100 * time.Millisecond)
+		if err := json.Unmarshal(b, &st); err != nil {
+			return false, fmt.Errorf("xdproxy's /stats: %w", err)
+		}
+		frontends = st.Table.Frontends
+		return frontends >= set.Count, nil
+	})
+	if wait.Interrupted(err) {
+		return fmt.Errorf("xdproxy's table had %d of %d frontends after %v: %s", max(frontends, 0), set.Count, timeout, tail(x.logs.String(), 1500))
+	}
+	if err != nil {
+		return err
 	}
 	b, err := x.get("/services")
 	if err != nil {

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	"github.com/xdproxy/xdproxy/bench/feed"
 	"github.com/xdproxy/xdproxy/bench/kernelrules"
 	"github.com/xdproxy/xdproxy/bench/report"
@@ -142,28 +144,31 @@ func runTCP(cfg *Config, path string, services int) (res report.TCP, err error) 
 // waitListening dials every address from inside ns until all accept a
 // connection.
 func waitListening(ns string, addrs []string, exited <-chan struct{}, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
+	// One deadline for all: an address tried after it passes gets one try.
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
 	for _, a := range addrs {
-		for {
+		var last error
+		err := wait.PollUntilContextCancel(ctx, 20*time.Millisecond, true, func(context.Context) (bool, error) {
 			select {
 			case <-exited:
-				return errors.New("exited")
+				return false, errors.New("exited")
 			default:
 			}
-			err := testbed.DoIn(ns, func() error {
+			last = testbed.DoIn(ns, func() error {
 				c, err := net.DialTimeout("tcp", a, 200*time.Millisecond)
 				if err == nil {
 					c.Close()
 				}
 				return err
 			})
-			if err == nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("not listening on %s after %v: %w", a, timeout, err)
-			}
-			time.Sleep(20 * time.Millisecond)
+			return last == nil, nil
+		})
+		if wait.Interrupted(err) {
+			return fmt.Errorf("not listening on %s after %v: %w", a, timeout, last)
+		}
+		if err != nil {
+			return err
 		}
 	}
 	return nil

@@ -19,6 +19,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/xdproxy/xdproxy/internal/testbed"
 )
@@ -307,7 +308,7 @@ func (t *Topology) SetThreaded(ns, iface string) ([]int, error) {
 		return nil, err
 	}
 	seen := map[int]bool{}
-	for deadline := time.Now().Add(time.Second); ; {
+	if wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, time.Second, true, func(context.Context) (bool, error) {
 		if pids, err := NAPIThreads(ns, iface); err == nil {
 			for _, p := range pids {
 				seen[p] = true
@@ -318,13 +319,9 @@ func (t *Topology) SetThreaded(ns, iface string) ([]int, error) {
 				seen[p] = true
 			}
 		}
-		if len(seen) > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("%w: %s/%s", ErrNoNAPI, ns, iface)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return len(seen) > 0, nil
+	}) != nil {
+		return nil, fmt.Errorf("%w: %s/%s", ErrNoNAPI, ns, iface)
 	}
 	var pids []int
 	for p := range seen {

@@ -47,15 +47,13 @@ func backendsReached(t *testing.T, tb *testbed.Testbed, a *daemon, n int) map[st
 // eventually retries check until it returns "" or the deadline passes.
 func eventually(t *testing.T, what string, check func() string) {
 	t.Helper()
-	deadline := time.Now().Add(40 * time.Second)
 	last := ""
-	for time.Now().Before(deadline) {
-		if last = check(); last == "" {
-			return
-		}
-		time.Sleep(200 * time.Millisecond)
+	if !waitUntil(200*time.Millisecond, 40*time.Second, func() bool {
+		last = check()
+		return last == ""
+	}) {
+		t.Fatalf("%s: %s", what, last)
 	}
-	t.Fatalf("%s: %s", what, last)
 }
 
 // TestKubernetesSource drives xdproxy from a real kube-apiserver: applied

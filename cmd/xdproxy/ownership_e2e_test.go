@@ -176,17 +176,13 @@ func TestPMTUAboutNodesConnection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		out, _ := tb.Exec(tb.NodeNS(), "ip", "route", "get", backend.String())
-		if strings.Contains(string(out), "mtu 1280") {
-			break
-		}
-		if time.Now().After(deadline) {
-			nstat, _ := tb.Exec(tb.NodeNS(), "nstat", "-az")
-			t.Fatalf("the node's route to %v did not learn the MTU:\n%s\n%s\n%s", backend, out, nstat, a.dump())
-		}
-		time.Sleep(50 * time.Millisecond)
+	var out []byte
+	if !waitUntil(50*time.Millisecond, 5*time.Second, func() bool {
+		out, _ = tb.Exec(tb.NodeNS(), "ip", "route", "get", backend.String())
+		return strings.Contains(string(out), "mtu 1280")
+	}) {
+		nstat, _ := tb.Exec(tb.NodeNS(), "nstat", "-az")
+		t.Fatalf("the node's route to %v did not learn the MTU:\n%s\n%s\n%s", backend, out, nstat, a.dump())
 	}
 	after, _ := a.xdp()
 	if after["MatchICMPError"] != before["MatchICMPError"] {
@@ -332,12 +328,10 @@ func TestEveryQueueServedAcrossChannelChanges(t *testing.T) {
 	if out, err := tb.Exec(tb.ClientNS(), "ethtool", "-L", c0, "tx", "4"); err != nil {
 		t.Fatalf("ethtool -L %s tx 4: %v %s", c0, err, out)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for !slices.Equal(a.servedQueues(n0), []int{0, 1, 2, 3}) {
-		if time.Now().After(deadline) {
-			t.Fatalf("queues 2 and 3 not served again: %v\n%s", a.servedQueues(n0), a.dump())
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !waitUntil(50*time.Millisecond, 10*time.Second, func() bool {
+		return slices.Equal(a.servedQueues(n0), []int{0, 1, 2, 3})
+	}) {
+		t.Fatalf("queues 2 and 3 not served again: %v\n%s", a.servedQueues(n0), a.dump())
 	}
 	time.Sleep(500 * time.Millisecond)
 	stopped()

@@ -1,6 +1,7 @@
 package route_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -14,6 +15,7 @@ import (
 	"github.com/xdproxy/xdproxy/dataplane/route"
 	"github.com/xdproxy/xdproxy/internal/testbed"
 	"github.com/xdproxy/xdproxy/nat/packet"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // newCache builds a testbed and a Cache in its node namespace that manages
@@ -72,14 +74,13 @@ func mac6(hw net.HardwareAddr) [6]byte { return [6]byte(hw) }
 func waitLookup(t *testing.T, c *route.Cache, dst string, timeout time.Duration, ok func(route.Hop, route.Status) bool) (route.Hop, route.Status) {
 	t.Helper()
 	a := packet.MustParseAddr(dst)
-	deadline := time.Now().Add(timeout)
-	for {
-		h, s := c.Lookup(a)
-		if ok(h, s) || time.Now().After(deadline) {
-			return h, s
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	var h route.Hop
+	var s route.Status
+	_ = wait.PollUntilContextTimeout(context.Background(), 5*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		h, s = c.Lookup(a)
+		return ok(h, s), nil
+	})
+	return h, s
 }
 
 func found(h route.Hop, s route.Status) bool { return s == route.Found }

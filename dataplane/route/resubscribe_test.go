@@ -1,12 +1,14 @@
 package route
 
 import (
+	"context"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/xdproxy/xdproxy/internal/testbed"
 	"github.com/xdproxy/xdproxy/nat/packet"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // TestLostSubscriptionRecovers hands the Cache a subscription whose route
@@ -48,11 +50,10 @@ func TestLostSubscriptionRecovers(t *testing.T) {
 	close(fake.routes)
 	close(fake.neighs)
 	close(fake.links)
-	deadline := time.Now().Add(5 * time.Second)
-	for _, s := c.Lookup(svc); s == NoRoute && time.Now().Before(deadline); _, s = c.Lookup(svc) {
-		time.Sleep(5 * time.Millisecond)
-	}
-	if _, s := c.Lookup(svc); s == NoRoute {
+	if err := wait.PollUntilContextTimeout(context.Background(), 5*time.Millisecond, 5*time.Second, true, func(context.Context) (bool, error) {
+		_, s := c.Lookup(svc)
+		return s != NoRoute, nil
+	}); err != nil {
 		t.Fatalf("route not seen after the subscription was lost and remade")
 	}
 	if st := c.Stats(); st.Resubscribes != 1 || st.Resyncs < 2 {
@@ -62,11 +63,11 @@ func TestLostSubscriptionRecovers(t *testing.T) {
 	if _, err := tb.Exec(tb.NodeNS(), "ip", "route", "del", "198.19.0.0/16"); err != nil {
 		t.Fatal(err)
 	}
-	deadline = time.Now().Add(5 * time.Second)
-	for _, s := c.Lookup(svc); s != NoRoute && time.Now().Before(deadline); _, s = c.Lookup(svc) {
-		time.Sleep(5 * time.Millisecond)
-	}
-	if _, s := c.Lookup(svc); s != NoRoute {
+	var s Status
+	if err := wait.PollUntilContextTimeout(context.Background(), 5*time.Millisecond, 5*time.Second, true, func(context.Context) (bool, error) {
+		_, s = c.Lookup(svc)
+		return s == NoRoute, nil
+	}); err != nil {
 		t.Errorf("route deletion after resubscribing not seen: %v", s)
 	}
 }

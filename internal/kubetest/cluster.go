@@ -17,6 +17,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -376,20 +377,18 @@ const pollInterval = 50 * time.Millisecond
 // waitReady polls ready until it succeeds, p exits or the start timeout
 // passes. On failure it stops p and returns an error with the end of its log.
 func (c *Cluster) waitReady(p *Process, ready func() error) error {
-	deadline := time.Now().Add(c.opts.StartTimeout)
 	var last error
-	for {
+	if wait.PollUntilContextTimeout(context.Background(), pollInterval, c.opts.StartTimeout, true, func(context.Context) (bool, error) {
 		if last = ready(); last == nil {
-			return nil
+			return true, nil
 		}
 		if p.Exited() {
 			last = fmt.Errorf("%w (%v)", errExited, p.waitErr)
-			break
+			return false, last
 		}
-		if time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(pollInterval)
+		return false, nil
+	}) == nil {
+		return nil
 	}
 	p.Stop(stopGrace)
 	return fmt.Errorf("%s did not become ready: %v\n%s", p.name, last, p.LogTail(dumpBytes))

@@ -1,6 +1,7 @@
 package testbed
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -16,6 +17,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // nsHandles holds an open namespace and a netlink handle inside it while the
@@ -111,12 +113,14 @@ func killProcessesIn(nsPath string) {
 	for _, pid := range pids {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
-	deadline := time.Now().Add(2 * time.Second)
-	for _, pid := range pids {
-		for time.Now().Before(deadline) && syscall.Kill(pid, 0) == nil && !isZombie(pid) {
-			time.Sleep(5 * time.Millisecond)
+	_ = wait.PollUntilContextTimeout(context.Background(), 5*time.Millisecond, 2*time.Second, true, func(context.Context) (bool, error) {
+		for _, pid := range pids {
+			if syscall.Kill(pid, 0) == nil && !isZombie(pid) {
+				return false, nil
+			}
 		}
-	}
+		return true, nil
+	})
 }
 
 func isZombie(pid int) bool {
@@ -237,17 +241,15 @@ const readyTimeout = 5 * time.Second
 // until it does (and IPv6 has its link-local address) the first packets
 // or neighbour solicitations are lost.
 func waitReady(h *nsHandles, iface string, v6 bool) error {
-	deadline := time.Now().Add(readyTimeout)
-	for {
-		ready, why := isReady(h, iface, v6)
-		if ready {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("testbed: %s/%s not ready after %v: %s", h.name, iface, readyTimeout, why)
-		}
-		time.Sleep(2 * time.Millisecond)
+	var why string
+	if wait.PollUntilContextTimeout(context.Background(), 2*time.Millisecond, readyTimeout, true, func(context.Context) (bool, error) {
+		var ready bool
+		ready, why = isReady(h, iface, v6)
+		return ready, nil
+	}) != nil {
+		return fmt.Errorf("testbed: %s/%s not ready after %v: %s", h.name, iface, readyTimeout, why)
 	}
+	return nil
 }
 
 func isReady(h *nsHandles, iface string, v6 bool) (bool, string) {

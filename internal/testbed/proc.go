@@ -2,6 +2,7 @@ package testbed
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // StartIn starts cmd inside the network namespace ns and nothing else: the
@@ -129,11 +131,12 @@ func removeCgroup(dir string) error {
 	// cgroup.kill (Linux 5.14) also catches processes forking meanwhile;
 	// the loop below covers older kernels.
 	_ = os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0o644)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		pids, err := cgroupPIDs(dir)
+	var pids []int
+	err := wait.PollUntilContextTimeout(context.Background(), 5*time.Millisecond, 5*time.Second, true, func(context.Context) (bool, error) {
+		var err error
+		pids, err = cgroupPIDs(dir)
 		if errors.Is(err, os.ErrNotExist) {
-			return nil
+			return true, nil
 		}
 		live := 0
 		for _, pid := range pids {
@@ -146,15 +149,16 @@ func removeCgroup(dir string) error {
 		if live == 0 {
 			err := unix.Rmdir(dir)
 			if err == nil || errors.Is(err, unix.ENOENT) {
-				return nil
+				return true, nil
 			}
 			if !errors.Is(err, unix.EBUSY) {
-				return fmt.Errorf("testbed: remove cgroup %s: %w", dir, err)
+				return false, fmt.Errorf("testbed: remove cgroup %s: %w", dir, err)
 			}
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("testbed: remove cgroup %s: processes %v still in it", dir, pids)
-		}
-		time.Sleep(5 * time.Millisecond)
+		return false, nil
+	})
+	if wait.Interrupted(err) {
+		return fmt.Errorf("testbed: remove cgroup %s: processes %v still in it", dir, pids)
 	}
+	return err
 }

@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/xdproxy/xdproxy/internal/testbed"
 )
@@ -329,19 +330,18 @@ func counters(admin string) stats {
 }
 
 func waitReady(admin string, exited chan error) error {
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
+	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) {
 		select {
 		case err := <-exited:
-			return fmt.Errorf("xdproxy exited: %v", errString(err))
+			return false, fmt.Errorf("xdproxy exited: %v", errString(err))
 		default:
 		}
-		if counters(admin).Table.Frontends > 0 {
-			return nil
-		}
-		time.Sleep(100 * time.Millisecond)
+		return counters(admin).Table.Frontends > 0, nil
+	})
+	if wait.Interrupted(err) {
+		return fmt.Errorf("xdproxy did not publish its services in 20 s")
 	}
-	return fmt.Errorf("xdproxy did not publish its services in 20 s")
+	return err
 }
 
 func adminGet(sock, what string) (string, error) {
