@@ -135,6 +135,9 @@ type Engine struct {
 	flowEntries               atomic.Int64
 	flowRemoved, flowRestored atomic.Uint64
 	synGuardOn                atomic.Bool
+	// overrun wakes the SYN guard when an insert found the connection
+	// table full (conntrack's OnOverrun).
+	overrun chan struct{}
 
 	closeOnce sync.Once
 	closeErr  error
@@ -185,8 +188,10 @@ func Start(cfg EngineConfig) (_ *Engine, err error) {
 	}
 	e := &Engine{cfg: cfg, log: cfg.Log, k: cfg.Kernel, tables: cfg.Kernel.Tables(),
 		errs: make(chan error, 64), stop: make(chan struct{}), kick: make(chan struct{}, 1),
-		gone: make(chan xdp.FlowKey, goneQueue), reconcileNow: make(chan struct{}, 1), seedBase: rand.Uint64()}
+		gone: make(chan xdp.FlowKey, goneQueue), reconcileNow: make(chan struct{}, 1), seedBase: rand.Uint64(),
+		overrun: make(chan struct{}, 1)}
 	cfg.Conntrack.OnRemove = e.flowGone
+	cfg.Conntrack.OnOverrun = e.tableOverrun
 	if cfg.StateDir != "" {
 		if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 			return nil, fmt.Errorf("state directory: %w", err)

@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"math/bits"
+	"time"
 
 	"github.com/xdproxy/xdproxy/dataplane/service"
 	"github.com/xdproxy/xdproxy/nat"
@@ -102,6 +103,13 @@ func (p *Processor) Housekeep(now int64) { p.cfg.Conntrack.SweepDue(now, p.cfg.S
 // some pace when batches are rare.
 func (p *Processor) HousekeepIdle(now int64) {
 	p.cfg.Conntrack.SweepDue(now, p.cfg.SweepBudget*idleSweepFactor)
+}
+
+// HousekeepIdleFor is HousekeepIdle after an idle sleep of up to wait: the
+// budget grows with the sleep (a worker that sleeps 2 s sweeps ten times
+// what one that sleeps 200 ms does), so the sweep keeps its pace.
+func (p *Processor) HousekeepIdleFor(now int64, wait time.Duration) {
+	p.cfg.Conntrack.SweepDue(now, p.cfg.SweepBudget*idleSweepFactor*max(1, int(wait/(200*time.Millisecond))))
 }
 
 // idleSweepFactor: an idle worker turns every IdleWait (200 ms) and may

@@ -23,12 +23,25 @@ type SYNGuardConfig struct {
 	// Calm is how long the guard stays on after it last saw a flood: first
 	// SYNs dropped at the Trigger rate or more. Default 30 s.
 	Calm time.Duration
-	// Interval is how often the counters are read. Default 100 ms: every
-	// interval before the guard is on lets a line-rate flood's SYNs reach
-	// the workers and the backends (a second let about 100,000 in, whose
-	// half-open connections at the backends outlived the flood's flows
-	// here and reset legitimate connections that reused their ports).
+	// Interval is how often the counters are read while the table is
+	// under pressure (an insert found it full in the last Calm) or the
+	// guard is on. Default 100 ms: every interval before the guard is on
+	// lets a line-rate flood's SYNs reach the workers and the backends (a
+	// second let about 100,000 in, whose half-open connections at the
+	// backends outlived the flood's flows here and reset legitimate
+	// connections that reused their ports). Otherwise the guard sleeps
+	// until conntrack reports a full table (tableOverrun), so an idle node
+	// pays nothing for it.
 	Interval time.Duration
+}
+
+// tableOverrun is conntrack's OnOverrun: it wakes the SYN guard. It runs
+// on a worker with a shard lock held, so it only tries to send.
+func (e *Engine) tableOverrun() {
+	select {
+	case e.overrun <- struct{}{}:
+	default:
+	}
 }
 
 // The retransmission window the guard accepts: Linux, Windows and macOS
@@ -74,8 +87,28 @@ func (e *Engine) guardSYNs() {
 		return c.SYNGuardDropped
 	}
 	lastOverrun, lastGuarded = overrun(), guarded()
-	var lastFlood time.Time
+	var lastFlood, lastPressure time.Time
 	for {
+		// Idle (no full table for Calm, guard off): sleep until conntrack
+		// reports a full table, then watch every Interval.
+		if !e.synGuardOn.Load() && time.Since(lastPressure) >= cfg.Calm {
+			t.Stop() // no wake-ups while idle
+			select {
+			case <-e.overrun: // a signal from before the last reading
+			default:
+			}
+			select {
+			case <-e.stop:
+				return
+			case <-e.overrun:
+			}
+			// The next reading counts from the last one before the
+			// sleep: any overrun since would have woken it, so that
+			// is this one's, and the flood that sent it counts.
+			lastPressure = time.Now()
+			t.Reset(cfg.Interval)
+			continue
+		}
 		select {
 		case <-e.stop:
 			return
@@ -83,6 +116,9 @@ func (e *Engine) guardSYNs() {
 			o, g := overrun(), guarded()
 			dOverrun, dGuarded := o-lastOverrun, g-lastGuarded
 			lastOverrun, lastGuarded = o, g
+			if dOverrun > 0 {
+				lastPressure = now
+			}
 			on := e.synGuardOn.Load()
 			switch {
 			case !on && dOverrun >= cfg.Trigger:

@@ -50,8 +50,14 @@ type WorkerConfig struct {
 	// worker sleeps in poll(); 0 means 50µs, negative no spin at all.
 	MaxSpin time.Duration
 	// IdleWait bounds one poll() sleep so that housekeeping (conntrack
-	// sweeps, stop requests) still runs on an idle queue.
-	IdleWait time.Duration
+	// sweeps) still runs on an idle queue; default 200 ms. Each sleep
+	// that ends with nothing to do doubles the next one, up to
+	// IdleWaitMax (default 2 s): a node with no traffic wakes each worker
+	// twice a second at most (every poll() wake-up also costs the Go
+	// runtime's monitor thread a burst of short sleeps). Stop interrupts
+	// the sleep.
+	IdleWait    time.Duration
+	IdleWaitMax time.Duration
 	// IOFloor, when set, makes the worker forward every frame untouched
 	// but for its MACs: a benchmarking mode (see IOFloor).
 	IOFloor *IOFloor
@@ -79,6 +85,9 @@ type Worker struct {
 	alive atomic.Int64
 	stop  atomic.Bool
 	done  chan struct{}
+
+	// idleWait is the next poll() sleep's bound (IdleWait to IdleWaitMax).
+	idleWait time.Duration
 
 	rx      []afxdp.Desc
 	ownTx   []afxdp.Desc
@@ -115,6 +124,9 @@ func NewWorker(cfg WorkerConfig, port *Port, eg *atomic.Pointer[egress], proc *P
 	if cfg.IdleWait <= 0 {
 		cfg.IdleWait = 200 * time.Millisecond
 	}
+	if cfg.IdleWaitMax < cfg.IdleWait {
+		cfg.IdleWaitMax = max(cfg.IdleWait, 2*time.Second)
+	}
 	w := &Worker{
 		cfg: cfg, port: port, proc: proc, ct: ct, resolver: resolver, flows: flows, egress: eg,
 		done:    make(chan struct{}),
@@ -145,9 +157,22 @@ func (w *Worker) CPU() int { return w.cfg.CPU }
 func (w *Worker) Alive() int64 { return w.alive.Load() }
 
 // Stop asks Run to return after its current batch and waits until it has.
+// A worker asleep in poll() is woken with SIGURG, the signal the Go
+// runtime itself sends threads to preempt them (poll(2) returns EINTR and
+// the runtime ignores a SIGURG it did not ask for).
 func (w *Worker) Stop() {
 	w.stop.Store(true)
-	<-w.done
+	for {
+		if tid := w.tid.Load(); tid != 0 {
+			_ = unix.Tgkill(unix.Getpid(), int(tid), unix.SIGURG)
+		}
+		select {
+		case <-w.done:
+			return
+		case <-time.After(50 * time.Millisecond):
+			// It was not asleep yet: wake it again.
+		}
+	}
 }
 
 // Run is the worker loop: receive a batch, process it, transmit, reclaim
@@ -176,6 +201,7 @@ func (w *Worker) Run() error {
 			w.idle()
 			continue
 		}
+		w.idleWait = w.cfg.IdleWait
 		w.processBatch(w.rx[:n])
 	}
 	return nil
@@ -192,7 +218,7 @@ func (w *Worker) idle() {
 	w.port.mu.Unlock()
 	start := monotonicNow()
 	if !w.cfg.IOFloor.enabled() {
-		w.proc.HousekeepIdle(start)
+		w.proc.HousekeepIdleFor(start, max(w.idleWait, w.cfg.IdleWait))
 	}
 	// Spin: check the ring (driving the queue when the socket busy
 	// polls), relax, look at the clock now and then.
@@ -217,11 +243,16 @@ func (w *Worker) idle() {
 			}
 		}
 	}
-	if ok, _ := sock.Wait(w.cfg.IdleWait); ok {
+	if w.idleWait == 0 {
+		w.idleWait = w.cfg.IdleWait
+	}
+	if ok, _ := sock.Wait(w.idleWait); ok {
 		w.Counters.Wakeups.Add(1)
 		w.spin.woke(monotonicNow() - start)
+		w.idleWait = w.cfg.IdleWait
 	} else {
 		w.spin.quiet()
+		w.idleWait = min(2*w.idleWait, w.cfg.IdleWaitMax)
 	}
 }
 

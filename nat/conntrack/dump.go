@@ -69,13 +69,16 @@ func (t *Table) readInfo(idx uint32) (FlowInfo, uint64, bool) {
 func (t *Table) All(now int64) iter.Seq[FlowInfo] {
 	nowMs := msOf(now)
 	return func(yield func(FlowInfo) bool) {
-		for idx := range uint32(len(t.entries)) {
-			fi, tm, ok := t.readInfo(idx)
-			if !ok || timerDeadline(tm) <= nowMs {
-				continue
-			}
-			if !yield(fi) {
-				return
+		for i := range t.shards {
+			sh := &t.shards[i]
+			for idx := sh.first; idx < sh.first+sh.touched.Load(); idx++ {
+				fi, tm, ok := t.readInfo(idx)
+				if !ok || timerDeadline(tm) <= nowMs {
+					continue
+				}
+				if !yield(fi) {
+					return
+				}
 			}
 		}
 	}

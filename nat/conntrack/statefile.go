@@ -290,6 +290,7 @@ func (t *Table) restore(nowMs uint64, info *RestoreInfo) {
 			used--
 		}
 		sh.unused = used
+		sh.touched.Store(used)
 		// Backwards, so that the free list hands out low entries first.
 		for i := used; i > 0; i-- {
 			idx := sh.first + i - 1

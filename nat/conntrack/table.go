@@ -63,6 +63,14 @@ type Config struct {
 	// call. The table does not allocate to make the call.
 	OnRemove func(orig, reply packet.Tuple)
 
+	// OnOverrun, when set, is called whenever an insert found the table
+	// full: it early-dropped an unassured flow to make room, or it failed
+	// (Stats.EvictedUnassured, Stats.FullDrops). It runs on the inserting
+	// goroutine with a shard lock held, so it must be quick and must not
+	// call into the table (a non-blocking channel send, say): the SYN
+	// guard wakes on it instead of polling an idle table.
+	OnOverrun func()
+
 	// StatePath, when set, keeps the entries in this file, mapped shared,
 	// so that the next process to call New with the same path and layout
 	// adopts every live flow (see doc.go, "State file"). Put it on a
@@ -232,8 +240,11 @@ type shard struct {
 	first uint32 // entries [first, first+count) belong to this shard
 	count uint32
 	// Guarded by mu.
-	freeHead    uint32 // free entry + 1, 0 when none
-	unused      uint32 // entries [first+unused, first+count) were never used
+	freeHead uint32 // free entry + 1, 0 when none
+	unused   uint32 // entries [first+unused, first+count) were never used
+	// touched is unused, readable without mu: Sweep and All skip the
+	// entries past it (an idle node's large table is mostly never used).
+	touched     atomic.Uint32
 	evictCursor uint32
 	used        int // non-empty slots: live and tombstones
 	tombs       int
@@ -264,6 +275,7 @@ type Table struct {
 	slack     [2][NumStates]uint64 // ms
 	window    int
 	onRemove  func(orig, reply packet.Tuple)
+	onOverrun func()
 	// sweepEvery is Config.SweepInterval in ns.
 	sweepEvery int64
 
@@ -310,6 +322,7 @@ func New(cfg Config) (*Table, error) {
 		perShard:  uint32(perShard),
 		window:    cfg.EvictionWindow,
 		onRemove:  cfg.OnRemove,
+		onOverrun: cfg.OnOverrun,
 	}
 	if t.window == 0 {
 		t.window = defaultWindow
@@ -604,10 +617,12 @@ func (t *Table) tryInsert(ko, kr *key, ho, hr, meta uint64, st State, nowMs uint
 	if !t.roomInIndex(so, need) || (so != sr && !t.roomInIndex(sr, 1)) {
 		so.c.indexFull.Add(1)
 		so.c.full.Add(1)
+		t.overrun()
 		return Handle{}, Full, 0, 0
 	}
 	idx, ok := so.allocLocked(t)
 	if !ok {
+		t.overrun()
 		if idx, ok = t.evictLocked(so, sr, nowMs, evicted); !ok {
 			so.c.full.Add(1)
 			return Handle{}, Full, 0, 0
@@ -800,6 +815,7 @@ func (sh *shard) allocLocked(t *Table) (uint32, bool) {
 	if sh.unused < sh.count {
 		idx := sh.first + sh.unused
 		sh.unused++
+		sh.touched.Store(sh.unused)
 		return idx, true
 	}
 	return 0, false
@@ -943,18 +959,36 @@ func (t *Table) Sweep(budget int, now int64) int {
 	idx := (t.sweepCursor.Add(b) - b) % n
 	nowMs := msOf(now)
 	removed := 0
-	for range b {
+	for left := b; left > 0; {
+		sh := t.ownerOf(uint32(idx))
+		if used := uint64(sh.first) + uint64(sh.touched.Load()); idx >= used {
+			// The shard's never-used tail: nothing to expire there.
+			skip := min(uint64(sh.first)+uint64(sh.count)-idx, left)
+			left -= skip
+			if idx += skip; idx >= n {
+				idx = 0
+			}
+			continue
+		}
 		tm := t.entries[idx].timer.Load()
 		if timerState(tm) != StateFree && timerDeadline(tm) <= nowMs {
 			if g, ok := t.remove(uint32(idx), tm); ok {
-				t.ownerOf(uint32(idx)).c.expired.Add(1)
+				sh.c.expired.Add(1)
 				removed++
 				t.notify(&g)
 			}
 		}
+		left--
 		if idx++; idx == n {
 			idx = 0
 		}
 	}
 	return removed
+}
+
+// overrun tells Config.OnOverrun that an insert found the table full.
+func (t *Table) overrun() {
+	if f := t.onOverrun; f != nil {
+		f()
+	}
 }
