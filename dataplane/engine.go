@@ -300,6 +300,32 @@ const (
 )
 
 // RemoveState deletes the state files of dir (xdproxy cleanup).
+// reservedPortsFile, in the state directory, holds the SNAT port range
+// xdproxy added to net.ipv4.ip_local_reserved_ports ("first-last").
+const reservedPortsFile = "reserved-ports"
+
+// ReleaseReservedPorts takes the SNAT ports xdproxy reserved (as recorded
+// in dir) out of net.ipv4.ip_local_reserved_ports of the current network
+// namespace, and forgets them (xdproxy cleanup).
+func ReleaseReservedPorts(dir string) error {
+	name := filepath.Join(dir, reservedPortsFile)
+	b, err := os.ReadFile(name)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var r conntrack.PortRange
+	if _, err := fmt.Sscanf(strings.TrimSpace(string(b)), "%d-%d", &r.First, &r.Last); err != nil {
+		return fmt.Errorf("%s: %q: %w", name, b, err)
+	}
+	if _, err := unreservePorts(r); err != nil {
+		return fmt.Errorf("releasing the reserved SNAT ports %d-%d: %w", r.First, r.Last, err)
+	}
+	return os.Remove(name)
+}
+
 func RemoveState(dir string) error {
 	return errors.Join(conntrack.RemoveState(filepath.Join(dir, conntrackStateFile)),
 		os.Remove(filepath.Join(dir, affinityStateFile)))
@@ -325,8 +351,16 @@ func (e *Engine) checkSNATPorts() error {
 			"masquerade.reservePorts to reserve them with net.ipv4.ip_local_reserved_ports",
 			r.First, r.Last, eph.First, eph.Last)
 	}
-	if err := e.k.ReservePorts(r); err != nil {
+	added, err := e.k.ReservePorts(r)
+	if err != nil {
 		return fmt.Errorf("reserving SNAT ports %d-%d: %w", r.First, r.Last, err)
+	}
+	if added && e.cfg.StateDir != "" {
+		// What xdproxy added, xdproxy cleanup takes out again; an entry
+		// the list had before is the operator's.
+		if err := os.WriteFile(filepath.Join(e.cfg.StateDir, reservedPortsFile), fmt.Appendf(nil, "%d-%d\n", r.First, r.Last), 0o600); err != nil {
+			return fmt.Errorf("recording the reserved SNAT ports: %w", err)
+		}
 	}
 	e.log.Info("SNAT ports reserved from the kernel's ephemeral range", "snat", fmt.Sprintf("%d-%d", r.First, r.Last),
 		"ephemeral", fmt.Sprintf("%d-%d", eph.First, eph.Last))

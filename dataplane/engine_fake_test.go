@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -444,15 +445,20 @@ func TestSNATPortsMustNotOverlapEphemeral(t *testing.T) {
 	}
 	k = newFakeKernel()
 	k.addLink("n0", 1, "198.18.0.1")
+	dir := t.TempDir()
 	e, err := Start(EngineConfig{Kernel: k, Log: quietLog(), Conntrack: conntrack.Config{Capacity: 1024},
 		Interfaces: []InterfaceConfig{{Name: "n0", Socket: afxdp.DefaultConfig()}},
-		SNATPorts:  conntrack.PortRange{First: 40000, Last: 49999}, ReserveSNATPorts: true})
+		SNATPorts:  conntrack.PortRange{First: 40000, Last: 49999}, ReserveSNATPorts: true, StateDir: dir})
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.Close()
 	if want := (conntrack.PortRange{First: 40000, Last: 49999}); len(k.reserved) != 1 || k.reserved[0] != want {
 		t.Errorf("reserved %v, want [%v]", k.reserved, want)
+	}
+	// What it added is recorded, for xdproxy cleanup.
+	if b, err := os.ReadFile(filepath.Join(dir, reservedPortsFile)); err != nil || string(b) != "40000-49999\n" {
+		t.Errorf("recorded reservation %q, %v", b, err)
 	}
 	startFakeNode(t, 1, nil) // 61000-65535 on 32768-60999: fine
 }

@@ -127,8 +127,9 @@ type Kernel interface {
 	// take their source ports.
 	LocalPortRange() (conntrack.PortRange, error)
 	// ReservePorts adds r to net.ipv4.ip_local_reserved_ports, so the
-	// kernel never picks those ports for the node's own connections.
-	ReservePorts(r conntrack.PortRange) error
+	// kernel never picks those ports for the node's own connections;
+	// added is false when the list held r already.
+	ReservePorts(r conntrack.PortRange) (added bool, err error)
 	// Tables are the program's shared tables.
 	Tables() Tables
 	// LocalClients is the translation at the socket for clients on the

@@ -576,11 +576,11 @@ func (k *fakeKernel) ExceptionLink(name string) (Link, Link, error) {
 
 func (k *fakeKernel) LocalPortRange() (conntrack.PortRange, error) { return k.ephemeral, nil }
 
-func (k *fakeKernel) ReservePorts(r conntrack.PortRange) error {
+func (k *fakeKernel) ReservePorts(r conntrack.PortRange) (bool, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.reserved = append(k.reserved, r)
-	return nil
+	return true, nil
 }
 
 func (k *fakeKernel) Tables() Tables { return k.tables }

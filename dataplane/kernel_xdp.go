@@ -389,10 +389,11 @@ func (k *xdpKernel) LocalPortRange() (conntrack.PortRange, error) {
 	return r, err
 }
 
-func (k *xdpKernel) ReservePorts(r conntrack.PortRange) error {
-	return k.inNS(func() error {
-		const key = "net/ipv4/ip_local_reserved_ports"
-		v, err := readSysctl(key)
+const reservedPortsKey = "net/ipv4/ip_local_reserved_ports"
+
+func (k *xdpKernel) ReservePorts(r conntrack.PortRange) (added bool, err error) {
+	err = k.inNS(func() error {
+		v, err := readSysctl(reservedPortsKey)
 		if err != nil {
 			return err
 		}
@@ -406,8 +407,33 @@ func (k *xdpKernel) ReservePorts(r conntrack.PortRange) error {
 		if have != "" {
 			ours = have + "," + ours
 		}
-		return writeSysctl(key, ours)
+		added = true
+		return writeSysctl(reservedPortsKey, ours)
 	})
+	return added && err == nil, err
+}
+
+// unreservePorts takes r out of net.ipv4.ip_local_reserved_ports in the
+// current network namespace, if the list holds it as an entry of its own
+// (the kernel merges adjacent entries: then it stays, and ok says so).
+func unreservePorts(r conntrack.PortRange) (ok bool, err error) {
+	v, err := readSysctl(reservedPortsKey)
+	if err != nil {
+		return false, err
+	}
+	ours := fmt.Sprintf("%d-%d", r.First, r.Last)
+	var keep []string
+	for _, part := range strings.Split(strings.TrimSpace(v), ",") {
+		if part == ours {
+			ok = true
+		} else if part != "" {
+			keep = append(keep, part)
+		}
+	}
+	if !ok {
+		return false, nil
+	}
+	return true, writeSysctl(reservedPortsKey, strings.Join(keep, ",")+"\n")
 }
 
 func (k *xdpKernel) Tables() Tables { return xdpTables{k.objs} }

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -166,13 +167,28 @@ func TestKernelPorts(t *testing.T) {
 		t.Fatalf("LocalPortRange %v, %v", r, err)
 	}
 	sh(t, "ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.ip_local_reserved_ports=8080")
-	for range 2 {
-		if err := k.ReservePorts(conntrack.PortRange{First: 40000, Last: 40999}); err != nil {
-			t.Fatal(err)
+	ours := conntrack.PortRange{First: 40000, Last: 40999}
+	for i := range 2 {
+		added, err := k.ReservePorts(ours)
+		if err != nil || added != (i == 0) {
+			t.Fatalf("ReservePorts %d: added %v, %v", i, added, err)
 		}
 	}
-	got := strings.TrimSpace(sh(t, "ip", "netns", "exec", ns, "sysctl", "-n", "net.ipv4.ip_local_reserved_ports"))
-	if got != "8080,40000-40999" {
+	reserved := func() string {
+		return strings.TrimSpace(sh(t, "ip", "netns", "exec", ns, "sysctl", "-n", "net.ipv4.ip_local_reserved_ports"))
+	}
+	if got := reserved(); got != "8080,40000-40999" {
 		t.Errorf("ip_local_reserved_ports %q, want the old entry kept and ours added once", got)
+	}
+	// xdproxy cleanup takes out its own entry and nothing else.
+	err = k.(*xdpKernel).inNS(func() error {
+		ok, err := unreservePorts(ours)
+		if err == nil && !ok {
+			err = errors.New("our entry not found")
+		}
+		return err
+	})
+	if got := reserved(); err != nil || got != "8080" {
+		t.Errorf("after unreservePorts: %q, %v; want the operator's 8080 only", got, err)
 	}
 }

@@ -210,7 +210,7 @@ func restConfig(k *config.Kubernetes) (*rest.Config, error) {
 
 // Cleanup removes everything xdproxy leaves for its next start: the pinned
 // XDP programs and tables (which detaches the programs), the state files,
-// the exception link and the admin socket. Run it where xdproxy ran, with
+// the SNAT ports it reserved, the exception link and the admin socket. Run it where xdproxy ran, with
 // xdproxy stopped (xdproxy cleanup).
 func Cleanup(cfg *config.Config) error {
 	var errs []error
@@ -219,6 +219,7 @@ func Cleanup(cfg *config.Config) error {
 		errs = append(errs, socklb.RemovePins(filepath.Join(cfg.BPFFSDir, "socklb")), xdp.RemovePins(cfg.BPFFSDir))
 	}
 	if cfg.StateDir != "" {
+		errs = append(errs, dataplane.ReleaseReservedPorts(cfg.StateDir))
 		if err := dataplane.RemoveState(cfg.StateDir); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
 		}

@@ -74,11 +74,11 @@ func (k *fakeKernel) ExceptionLink(string) (dataplane.Link, dataplane.Link, erro
 func (k *fakeKernel) LocalPortRange() (conntrack.PortRange, error) {
 	return conntrack.PortRange{First: 32768, Last: 60999}, nil
 }
-func (k *fakeKernel) ReservePorts(conntrack.PortRange) error { return nil }
-func (k *fakeKernel) Tables() dataplane.Tables               { return k.tables }
-func (k *fakeKernel) LocalClients() dataplane.LocalClients   { return nil }
-func (k *fakeKernel) Resolver() dataplane.Resolver           { return fakeResolver{} }
-func (k *fakeKernel) Close() error                           { return nil }
+func (k *fakeKernel) ReservePorts(conntrack.PortRange) (bool, error) { return false, nil }
+func (k *fakeKernel) Tables() dataplane.Tables                       { return k.tables }
+func (k *fakeKernel) LocalClients() dataplane.LocalClients           { return nil }
+func (k *fakeKernel) Resolver() dataplane.Resolver                   { return fakeResolver{} }
+func (k *fakeKernel) Close() error                                   { return nil }
 func (fakeResolver) Resolve(packet.Addr) (dataplane.NextHop, packet.Reason) {
 	return dataplane.NextHop{}, packet.OK
 }
