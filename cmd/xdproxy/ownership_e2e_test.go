@@ -162,7 +162,7 @@ func TestPMTUAboutNodesConnection(t *testing.T) {
 	icmp[0], icmp[1] = 3, 4 // destination unreachable, fragmentation needed
 	binary.BigEndian.PutUint16(icmp[6:], 1280)
 	icmp = append(icmp, quote[:28]...)
-	binary.BigEndian.PutUint16(icmp[2:], ^checksum(icmp))
+	binary.BigEndian.PutUint16(icmp[2:], ^onesSum(icmp, 0))
 	before, _ := a.xdp()
 	err = tb.Do(tb.BackendNS(0), func() error {
 		rc, err := net.ListenPacket("ip4:icmp", backend.String())
@@ -206,20 +206,6 @@ func serializeLayers(t *testing.T, ls ...gopacket.SerializableLayer) []byte {
 		t.Fatal(err)
 	}
 	return buf.Bytes()
-}
-
-func checksum(b []byte) uint16 {
-	var s uint32
-	for i := 0; i+1 < len(b); i += 2 {
-		s += uint32(b[i])<<8 | uint32(b[i+1])
-	}
-	if len(b)%2 == 1 {
-		s += uint32(b[len(b)-1]) << 8
-	}
-	for s > 0xffff {
-		s = s>>16 + s&0xffff
-	}
-	return uint16(s)
 }
 
 // servedQueues reads which queues of ifc have workers.
