@@ -190,7 +190,7 @@ struct {
  * associative: a client's entry must outlive the flood's next writes to
  * its set until the client retransmits, and eight small ways outlive
  * them far longer than four large ones in the same memory. A tag matches
- * another tuple's once in 2^20 per way: at 1 Mpps about 8 spoofed SYNs a
+ * another tuple's once in 2^19 per way: at 1 Mpps about 15 spoofed SYNs a
  * second get in. An LRU hash would be emptied by the flood in a fraction
  * of a second. */
 #define SYN_WAYS 8
@@ -539,15 +539,21 @@ static __always_inline int syn_guarded(void *l4, void *end, const struct flow *f
 	if (!g || !g->on)
 		return 0;
 
-	__u32 h = g->seed, words[9];
+	/* The set and the tag come from two hashes of the tuple: taken
+	 * from one 32-bit hash, a set's tuples would have only 2^12 tags
+	 * between them and a spoofed SYN would match one of the set's
+	 * eight entries once in 512. */
+	__u32 h = g->seed, t = ~g->seed, words[9];
 	__builtin_memcpy(words, f->src.addr, 16);
 	__builtin_memcpy(&words[4], f->dst.addr, 16);
 	words[8] = ((__u32)f->src.port << 16) | f->dst.port;
 #pragma unroll
-	for (int i = 0; i < 9; i++)
+	for (int i = 0; i < 9; i++) {
 		h = mix32(h, words[i]);
+		t = mix32(t, words[8 - i]);
+	}
 	__u32 set = fmix32(h) & g->set_mask;
-	__u32 tag = (fmix32(h ^ 0x9e3779b9) | 1) << SYN_TIME_BITS;
+	__u32 tag = (fmix32(t ^ h) | 1) << SYN_TIME_BITS;
 	__u32 now = (__u32)(bpf_ktime_get_ns() >> SYN_TICK_SHIFT) & SYN_TIME_MASK;
 	struct syn_set *seen = bpf_map_lookup_elem(&syn_seen, &set);
 	if (!seen)
