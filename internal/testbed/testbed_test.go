@@ -15,6 +15,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/xdproxy/xdproxy/internal/testbed/testserver"
+	"golang.org/x/sys/unix"
 )
 
 func netnsList(t *testing.T) string {
@@ -215,6 +216,19 @@ func TestCleanupStale(t *testing.T) {
 	}
 	waited := make(chan error, 1)
 	go func() { waited <- sleeper.Wait() }()
+	// Start returns once ip runs, before it has joined the namespace: a
+	// cleanup before that finds nobody in it.
+	inStale := func() bool {
+		var want, got unix.Stat_t
+		return unix.Stat("/run/netns/"+staleNS, &want) == nil &&
+			unix.Stat(fmt.Sprintf("/proc/%d/ns/net", sleeper.Process.Pid), &got) == nil &&
+			want.Dev == got.Dev && want.Ino == got.Ino
+	}
+	for deadline := time.Now().Add(5 * time.Second); !inStale(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the sleeper never entered the stale namespace")
+		}
+	}
 	mnt, err := Cgroup2Mount()
 	if err != nil {
 		t.Fatal(err)
