@@ -2,6 +2,7 @@ package pktgen
 
 import (
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/xdproxy/xdproxy/xdp/afxdp"
@@ -14,7 +15,14 @@ type AFXDPSender struct {
 	tpl   *Template
 	descs []afxdp.Desc
 	seq   uint64
+	// next is seq for other goroutines: the sequence number of the next
+	// frame to be sent (stored once per batch).
+	next atomic.Uint64
 }
+
+// Next returns the sequence number of the next frame Send will write: a
+// test can tell from it how long ago the generator sent a given flow.
+func (s *AFXDPSender) Next() uint64 { return s.next.Load() }
 
 // OpenAFXDP binds a copy-mode AF_XDP socket to queue of ifindex (in the
 // calling thread's network namespace). No XDP program is needed to
@@ -40,6 +48,7 @@ func (s *AFXDPSender) Send(b Budget, stop <-chan struct{}) (Result, error) {
 	}
 	res := Result{Mode: "afxdp", Offered: b.Rate}
 	s.seq = b.Seq
+	s.next.Store(s.seq)
 	batch := batchFor(b.Rate)
 	p := newPacer(b.Rate, batch)
 	statsBefore, _ := s.sock.Stats()
@@ -83,6 +92,7 @@ func (s *AFXDPSender) Send(b Budget, stop <-chan struct{}) (Result, error) {
 			s.sock.Release(d)
 		}
 		s.seq += uint64(sent)
+		s.next.Store(s.seq)
 		res.Sent += uint64(sent)
 		p.took(uint64(sent))
 		if sent == 0 {
