@@ -46,8 +46,8 @@
 //
 // The per-packet path (fastpath.go, flowcache.go). A batch is worked
 // through twice: the first pass reads each frame's tuple from its headers,
-// hashes it once (conntrack's keyed hash) and touches the memory the second
-// pass will need, so that the batch's cache misses overlap; the second
+// hashes it once (conntrack's keyed hash) and prefetches the memory the
+// second pass will need, so that the batch's cache misses overlap; the second
 // translates. Each worker keeps a flow cache of 4096 flows (4-way,
 // pointer-free) in front of the shared conntrack table, every hit checked
 // against the table (conntrack.Table.Revalidate: the entry still holds the

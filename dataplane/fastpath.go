@@ -13,9 +13,11 @@ import (
 //
 //  1. prepare reads every frame's tuple straight from its headers (untagged
 //     IPv4 TCP and UDP without options or fragmentation, the common case),
-//     hashes it once, looks in the flow cache, and touches what the second
-//     pass will read (the conntrack entry of a cached flow, or the
-//     table's index slot): the cache misses of the whole batch overlap.
+//     hashes it once, looks in the flow cache, and prefetches what the
+//     second pass will read: the conntrack entry of a cached flow, or the
+//     table's index slot. prefetchLookups then reads each of those slots,
+//     arrived meanwhile, and prefetches the entry it points to. The cache
+//     misses of the whole batch overlap.
 //  2. process translates each frame. A frame whose flow the cache holds
 //     (and conntrack confirms, Revalidate) takes fastV4: a few length
 //     checks, the state update, and a rewrite whose checksum changes were
@@ -69,16 +71,29 @@ func (p *Processor) prepare(i int, frame []byte) {
 	pre.key = k
 	pre.hash = ct.Hash(&pre.key)
 	if p.cacheOff {
-		p.touched += ct.Touch(pre.hash)
+		ct.PrefetchSlot(pre.hash)
 		return
 	}
 	set, way := p.cache.lookup(&pre.key, pre.hash)
 	pre.set, pre.way, pre.puts = set, way, p.cache.puts
 	if way >= 0 {
-		p.touched += ct.TouchHandle(p.cache.sets[set][way].handle)
+		ct.PrefetchFlow(p.cache.sets[set][way].handle)
 		return
 	}
-	p.touched += ct.Touch(pre.hash)
+	ct.PrefetchSlot(pre.hash)
+}
+
+// prefetchLookups is the second step of prepare, once every frame of the
+// batch (n of them) has been through the first: for each frame whose flow
+// the cache did not hold, the index slot prefetched then is read and the
+// entry it points to prefetched.
+func (p *Processor) prefetchLookups(n int) {
+	ct := p.cfg.Conntrack
+	for i := range n {
+		if pre := &p.pre[i]; pre.quick && pre.way < 0 {
+			ct.PrefetchLookup(pre.hash)
+		}
+	}
 }
 
 // fastV4 translates a frame whose flow the cache holds in slot s (the

@@ -50,8 +50,6 @@ type Processor struct {
 	// pre is the first pass's findings for each frame of the batch
 	// (prepare, fastpath.go).
 	pre [maxBatch]prepared
-	// touched sinks the loads of prepare.
-	touched uint64
 
 	// CacheHits and CacheMisses count established packets whose flow the
 	// flow cache had (and was still valid) or not; read by its worker.

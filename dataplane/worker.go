@@ -307,12 +307,13 @@ func (w *Worker) processBatch(descs []afxdp.Desc) {
 	b := &w.batch
 	b.rx += uint64(len(descs))
 	// Two passes (fastpath.go): the first reads every frame's tuple and
-	// touches its flow, so that the batch's cache misses overlap; the
+	// prefetches its flow, so that the batch's cache misses overlap; the
 	// second translates.
 	p := w.proc
 	for i, d := range descs {
 		p.prepare(i, sock.Frame(d))
 	}
+	p.prefetchLookups(len(descs))
 	for i, d := range descs {
 		// Frame again rather than keep the slices: storing a pointer
 		// per frame in the heap costs a write barrier whenever the

@@ -3,12 +3,13 @@ package conntrack
 import (
 	"math/bits"
 	"time"
+	"unsafe"
 )
 
 // This file is the table's side of a cache in front of it (a worker's
 // flow cache): hashing a key once for both, telling whether a cached flow
-// is still the entry's, and touching the memory of the next packets'
-// lookups early. See doc.go, "Caches in front of the table".
+// is still the entry's, and prefetching the memory of the next packets'
+// lookups. See doc.go, "Caches in front of the table".
 
 // Hash is the hash the table files k under, for LookupKey and for a cache
 // that wants the same spread.
@@ -54,28 +55,41 @@ func (t *Table) Stamp(h Handle) (uint64, bool) {
 	return s, s&1 == 0 && uint16(s>>1) == h.gen
 }
 
-// Touch loads the index slot where the lookup of a key with hash h starts
-// and, when its tag matches, the entry it points to. A caller with a batch
-// of packets touches the next packets' lookups before it works on them, so
-// that their cache misses overlap instead of following one another (Go
-// has no prefetch instruction). The result means nothing; it is returned
-// so that the loads are not optimised away.
-func (t *Table) Touch(h uint64) uint64 {
+// A caller with a batch of packets prefetches what the batch's lookups
+// will read before it works on any of them, so that their cache misses
+// overlap instead of following one another: PrefetchSlot for each packet,
+// then PrefetchLookup for each (its slot has arrived by then), or
+// PrefetchFlow for a flow it already holds a handle to.
+
+// PrefetchSlot prefetches the index slot where the lookup of a key with
+// hash h starts.
+func (t *Table) PrefetchSlot(h uint64) {
+	arr := t.shardOf(h).index.Load()
+	prefetch(uintptr(unsafe.Pointer(&arr.slots[h&arr.mask])))
+}
+
+// PrefetchLookup reads the index slot where the lookup of a key with hash
+// h starts and, when its tag matches, prefetches the entry it points to.
+func (t *Table) PrefetchLookup(h uint64) {
 	arr := t.shardOf(h).index.Load()
 	s := arr.slots[h&arr.mask].Load()
 	if i := uint32(s) - 1; s>>tagShift == h>>tagShift && i < uint32(len(t.entries)) {
-		return t.entries[i].seq.Load()
+		t.prefetchEntry(i)
 	}
-	return s
 }
 
-// TouchHandle loads the first cache line of flow h's entry, the one
-// Revalidate and Update read; see Touch.
-func (t *Table) TouchHandle(h Handle) uint64 {
+// PrefetchFlow prefetches flow h's entry: Revalidate, Update and UpdateTCP
+// read both of its cache lines.
+func (t *Table) PrefetchFlow(h Handle) {
 	if i := h.idx - 1; i < uint32(len(t.entries)) {
-		return t.entries[i].timer.Load()
+		t.prefetchEntry(i)
 	}
-	return 0
+}
+
+func (t *Table) prefetchEntry(i uint32) {
+	p := uintptr(unsafe.Pointer(&t.entries[i]))
+	prefetch(p)
+	prefetch(p + entrySize/2)
 }
 
 // defaultSweepInterval is Config.SweepInterval's default. A pass over a

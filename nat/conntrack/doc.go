@@ -67,8 +67,9 @@
 // entry's first cache line, the one Update reads anyway) tells whether the
 // entry still holds that very flow, live and not expired, however often it
 // was reused meanwhile; a cached translation can never outlive its flow.
-// Touch and TouchHandle load what a lookup or an update of the next
-// packets will read, for callers that work through a batch.
+// PrefetchSlot, PrefetchLookup and PrefetchFlow prefetch what a lookup or
+// an update of the next packets will read, for callers that work through
+// a batch.
 //
 // # Who writes what
 //
