@@ -131,6 +131,9 @@ func (p *Processor) fastV4(frame []byte, s *flowSlot, now int64) (Verdict, bool)
 	ct := p.cfg.Conntrack
 	if proto == packet.ProtoTCP {
 		if tcp, ok := conntrack.ParseTCPSegment(seg); ok {
+			if tcp.Flags&(packet.TCPSyn|packet.TCPAck) == packet.TCPSyn {
+				return Verdict{}, false // may open a new connection on an old tuple: established decides
+			}
 			if _, res := ct.UpdateTCP(s.handle, s.dir, tcp, now); res == conntrack.UpdateOutOfWindow {
 				return Verdict{Action: Drop, Reason: packet.DropOutOfWindow}, true
 			}

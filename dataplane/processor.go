@@ -226,6 +226,15 @@ func notForwarded(r packet.Reason) Verdict {
 // update.
 func (p *Processor) established(frame []byte, h conntrack.Handle, rw *packet.Tuple, dir conntrack.Direction, now int64) Verdict {
 	pk := &p.pkt
+	if pk.Proto == packet.ProtoTCP && pk.TCPFlags&(packet.TCPSyn|packet.TCPAck) == packet.TCPSyn &&
+		dir == conntrack.Original && p.cfg.Conntrack.Closed(h) {
+		// The client opens a new connection on the tuple of one that
+		// ended: as netfilter does, forget the old one and translate
+		// afresh, so that the new connection gets a backend the service
+		// has now (and a cached copy of the flow fails Revalidate).
+		p.cfg.Conntrack.Delete(h)
+		return p.newFlow(frame, now, nil)
+	}
 	if !nat.DecrementTTL(frame, pk) {
 		return Verdict{Action: Drop, Reason: packet.DropTTLExceeded}
 	}

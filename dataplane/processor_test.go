@@ -424,3 +424,57 @@ func TestBlindResetIgnored(t *testing.T) {
 		t.Errorf("out-of-window resets counted %d, want 2", st.OutOfWindowRST)
 	}
 }
+
+// TestNewConnectionOnEndedTupleTranslatedAfresh: a client that reuses the
+// tuple of a connection that ended (here by a reset) opens a new one, and
+// the new connection is translated afresh, as netfilter does, not handed the
+// old connection's backend: after the service lost that backend, the new
+// SYN goes to the one it has now.
+func TestNewConnectionOnEndedTupleTranslatedAfresh(t *testing.T) {
+	m := testModel()
+	h := newHarness(t, m, 4096)
+	vip := addr("198.19.0.10")
+	syn := tcpFrame(t, podA, vip, 42001, 80, packet.TCPSyn, 1000, 0, nil)
+	v := h.proc.Process(syn, 1)
+	if v.Action != Forward {
+		t.Fatalf("first SYN: %+v", v)
+	}
+	out := parse(t, syn[:v.Len])
+	old, oldPort := out.Dst, out.DstPort
+	for i, f := range [][]byte{
+		tcpFrame(t, old, podA, oldPort, 42001, packet.TCPSyn|packet.TCPAck, 5000, 1001, nil),
+		tcpFrame(t, podA, vip, 42001, 80, packet.TCPAck, 1001, 5001, nil),
+		tcpFrame(t, podA, vip, 42001, 80, packet.TCPRst, 1001, 0, nil),
+	} {
+		if v := h.proc.Process(f, int64(i+2)); v.Action != Forward {
+			t.Fatalf("segment %d of the first connection: %+v", i, v)
+		}
+	}
+	tu := packet.Tuple{Src: podA, Dst: vip, SrcPort: 42001, DstPort: 80, Proto: packet.ProtoTCP}
+	if flow, _, ok := h.ct.Lookup(tu, 10); !ok || flow.State != conntrack.TCPClose {
+		t.Fatalf("after the reset: found %v, state %v; want the flow closed", ok, flow.State)
+	}
+
+	// The service keeps only the endpoint the first connection did not get.
+	web := &m.Ports[0]
+	for _, ep := range web.Endpoints {
+		if ep.Addr != old {
+			web.Endpoints = []service.Endpoint{ep}
+			break
+		}
+	}
+	h.cur.Store(service.Compile(m, service.CompileOptions{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/24")}}))
+	h.proc.BeginBatch(20)
+
+	again := tcpFrame(t, podA, vip, 42001, 80, packet.TCPSyn, 9000, 0, nil)
+	v = h.proc.Process(again, 21)
+	if v.Action != Forward {
+		t.Fatalf("SYN of the new connection: %+v", v)
+	}
+	if got := parse(t, again[:v.Len]).Dst; got != web.Endpoints[0].Addr {
+		t.Errorf("the new connection went to %v, want %v (the old connection's backend was %v)", got, web.Endpoints[0].Addr, old)
+	}
+	if flow, _, ok := h.ct.Lookup(tu, 22); !ok || flow.State != conntrack.TCPSynSent || flow.Rewrite.Dst != web.Endpoints[0].Addr {
+		t.Errorf("the table holds %+v (found %v), want a new flow to %v in SYN_SENT", flow, ok, web.Endpoints[0].Addr)
+	}
+}

@@ -349,6 +349,24 @@ func (a *daemon) dump() string {
 	return fmt.Sprintf("stats: %s\nlog:\n%s", b, a.log)
 }
 
+// flows lists the connection table as the admin socket shows it, for
+// failure messages.
+func (a *daemon) flows() string {
+	var flows []struct {
+		Original   string `json:"original"`
+		Translated string `json:"translated"`
+		State      string `json:"state"`
+	}
+	if err := a.query("conntrack", &flows); err != nil {
+		return err.Error()
+	}
+	var b strings.Builder
+	for _, f := range flows {
+		fmt.Fprintf(&b, "  %s => %s %s\n", f.Original, f.Translated, f.State)
+	}
+	return b.String()
+}
+
 // waitBackends waits until the service named name lists n backends.
 func (a *daemon) waitBackends(name string, n int) {
 	a.t.Helper()

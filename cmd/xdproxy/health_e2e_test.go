@@ -478,7 +478,7 @@ func TestAPIServerOutage(t *testing.T) {
 	apply(t, cluster, serviceFile(one))
 	a.waitBackends("web", 1)
 	if got := backendsReached(t, tb, a, 20); len(got) != 1 || !got[testbed.BackendName(0)] {
-		t.Fatalf("after the outage, scaled to backend-0, reached %v", got)
+		t.Fatalf("after the outage, scaled to backend-0, reached %v\nflows:\n%s\n%s", got, a.flows(), a.dump())
 	}
 	if code, body := e.health(t, "/healthz"); code != http.StatusOK {
 		t.Fatalf("/healthz after the outage: %d %+v", code, body)

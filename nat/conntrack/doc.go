@@ -177,9 +177,9 @@
 // KubeProxyTimeouts add kube-proxy's 24h ESTABLISHED and 1h CLOSE_WAIT).
 // Update looks only at flags and direction; UpdateTCP also checks RST and
 // FIN against the window (next section). A SYN in TIME_WAIT or CLOSE
-// restarts the flow with the same translation, where netfilter would
-// destroy it and translate afresh; the restart clears the status bits,
-// assured included. A simultaneous open (SYN from the reply side) is not
+// restarts the flow with the same translation and clears the status bits,
+// assured included; netfilter instead destroys the flow and translates
+// afresh, and the dataplane does that too (Closed, then Delete). A simultaneous open (SYN from the reply side) is not
 // modelled. An ACK without SYN on a new flow makes it ESTABLISHED, as
 // netfilter's tcp_loose does.
 //

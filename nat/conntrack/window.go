@@ -62,6 +62,21 @@ func ParseTCPSegment(tcp []byte) (TCPSegment, bool) {
 	return seg, true
 }
 
+// Closed reports whether flow h is a TCP flow whose connection has ended
+// (TIME_WAIT or CLOSE): a SYN from its client on the same tuple then opens
+// a new connection. netfilter destroys such a flow and translates the SYN
+// afresh, so that a new connection never inherits a backend the service
+// may no longer have; a dataplane does the same with Delete. (Update and
+// UpdateTCP, given that SYN, restart the flow with its old translation.)
+func (t *Table) Closed(h Handle) bool {
+	if h.idx == 0 || h.idx > uint32(len(t.entries)) {
+		return false
+	}
+	tm := t.entries[h.idx-1].timer.Load()
+	s := timerState(tm)
+	return timerGen(tm) == h.gen && (s == TCPTimeWait || s == TCPClose)
+}
+
 // UpdateResult says what UpdateTCP did with a packet.
 type UpdateResult uint8
 
