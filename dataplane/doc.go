@@ -64,8 +64,9 @@
 // then sleeps in poll(): the spin grows while frames keep arriving soon
 // after the ring went empty and shrinks on a quiet queue, so a loaded
 // queue is served without wake-ups and an idle worker costs about 0.01%
-// of a CPU. WorkerConfig.BusyPoll (the configuration's busyPoll) never
-// sleeps. A socket opened with afxdp.Config.BusyPoll is busy polled:
+// of a CPU. WorkerConfig.BusyPoll (the configuration's busyPoll) spins
+// while its queue has traffic and sleeps only after IdleWait without a
+// frame, so that quiet queues leave the CPU to busy ones. A socket opened with afxdp.Config.BusyPoll is busy polled:
 // the spin drives the queue's NAPI with recvfrom (Socket.Drive). See
 // xdp/afxdp's documentation for the per-device settings that needs.
 //

@@ -20,7 +20,8 @@ import "time"
 //     down to the shortest, so that an idle worker costs next to nothing
 //     (a turn every IdleWait: a few microseconds per 200 ms).
 //
-// WorkerConfig.BusyPoll workers never sleep: they spin for good.
+// WorkerConfig.BusyPoll workers spin as long as their queue has traffic
+// and sleep only after IdleWait without a frame.
 
 const (
 	// spinMin is the shortest spin: about what going to sleep and

@@ -41,10 +41,13 @@ type WorkerConfig struct {
 	// CPU pins the worker's OS thread; -1 leaves it unpinned.
 	CPU       int
 	BatchSize int
-	// BusyPoll makes the worker never sleep: on an empty ring it spins
-	// for good (checking the ring, driving the queue when its socket busy
-	// polls) instead of sleeping in poll() after an adaptive spin (see
-	// idle.go). It costs a whole CPU whatever the load.
+	// BusyPoll makes the worker spin while its queue has traffic: on an
+	// empty ring it keeps checking (driving the queue when its socket
+	// busy polls) instead of sleeping in poll() after an adaptive spin
+	// (see idle.go). Only after IdleWait without a frame does it sleep in
+	// poll() until frames come, so that a quiet queue (an interface that
+	// carries nothing, the exception link) does not take the CPU from the
+	// workers beside it. It costs a CPU per worker with traffic.
 	BusyPoll bool
 	// MaxSpin is the longest the adaptive idle spin lasts before the
 	// worker sleeps in poll(); 0 means 50µs, negative no spin at all.
@@ -88,6 +91,9 @@ type Worker struct {
 
 	// idleWait is the next poll() sleep's bound (IdleWait to IdleWaitMax).
 	idleWait time.Duration
+	// lastRx is when a BusyPoll worker last received frames: it spins
+	// until its queue has been quiet for IdleWait.
+	lastRx int64
 
 	rx      []afxdp.Desc
 	ownTx   []afxdp.Desc
@@ -202,6 +208,9 @@ func (w *Worker) Run() error {
 			continue
 		}
 		w.idleWait = w.cfg.IdleWait
+		if w.cfg.BusyPoll {
+			w.lastRx = monotonicNow()
+		}
 		w.processBatch(w.rx[:n])
 	}
 	return nil
@@ -209,7 +218,7 @@ func (w *Worker) Run() error {
 
 // idle runs when the receive ring is empty: reclaim completions, refill,
 // sweep a little, then spin until frames come or the adaptive limit
-// passes, and then sleep in poll() (BusyPoll: never).
+// passes (BusyPoll: IdleWait), and then sleep in poll().
 func (w *Worker) idle() {
 	sock := w.port.Sock
 	w.port.mu.Lock()
@@ -234,11 +243,12 @@ func (w *Worker) idle() {
 				return
 			}
 			spun := monotonicNow() - start
+			limit := w.spin.limit
 			if w.cfg.BusyPoll {
-				if spun >= int64(w.cfg.IdleWait) {
-					return // housekeeping, then spin again
-				}
-			} else if spun >= w.spin.limit {
+				// Spin until the queue has been quiet for IdleWait.
+				limit = w.lastRx + int64(w.cfg.IdleWait) - start
+			}
+			if spun >= limit {
 				break
 			}
 		}

@@ -61,7 +61,8 @@ type Config struct {
 	// connections of pods and host processes, which never cross a NIC.
 	LocalClients LocalClients
 	// BusyPoll makes workers spin on empty rings instead of sleeping in
-	// poll(): lower latency, one full core per worker.
+	// poll() while their queue has traffic: lower latency, a full core
+	// per busy worker. A worker whose queue is quiet for IdleWait sleeps.
 	BusyPoll bool
 	// BatchSize is the number of frames a worker handles per batch.
 	BatchSize int
