@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -352,11 +353,7 @@ func (a *daemon) dump() string {
 // flows lists the connection table as the admin socket shows it, for
 // failure messages.
 func (a *daemon) flows() string {
-	var flows []struct {
-		Original   string `json:"original"`
-		Translated string `json:"translated"`
-		State      string `json:"state"`
-	}
+	var flows []flowReply
 	if err := a.query("conntrack", &flows); err != nil {
 		return err.Error()
 	}
@@ -404,3 +401,13 @@ type (
 		State      string `json:"state"`
 	}
 )
+
+// tupleEnds reads the source and destination of a tuple as the admin
+// socket writes it ("TCP 10.0.0.1:4242->10.0.0.2:80").
+func tupleEnds(tuple string) (src, dst netip.AddrPort, ok bool) {
+	_, ends, _ := strings.Cut(tuple, " ")
+	s, d, _ := strings.Cut(ends, "->")
+	src, err1 := netip.ParseAddrPort(s)
+	dst, err2 := netip.ParseAddrPort(d)
+	return src, dst, err1 == nil && err2 == nil
+}

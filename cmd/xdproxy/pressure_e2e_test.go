@@ -548,10 +548,7 @@ func synFlood(tb *testbed.Testbed, dst netip.AddrPort, cpu int, sender *atomic.P
 // sent its tuple last (its flow index against the generator's position,
 // modulo the flood's 16M flows).
 func admittedFloodFlows(a *daemon, s *pktgen.AFXDPSender) string {
-	var flows []struct {
-		Original string `json:"original"`
-		State    string `json:"state"`
-	}
+	var flows []flowReply
 	if err := a.query("conntrack", &flows); err != nil || s == nil {
 		return fmt.Sprint(err)
 	}
@@ -559,11 +556,8 @@ func admittedFloodFlows(a *daemon, s *pktgen.AFXDPSender) string {
 	var b strings.Builder
 	n := 0
 	for _, f := range flows {
-		// Original reads "tcp 10.99.0.7:4242->10.0.0.1:30070".
-		_, ends, _ := strings.Cut(f.Original, " ")
-		src, _, _ := strings.Cut(ends, "->")
-		ap, err := netip.ParseAddrPort(src)
-		if err != nil || !ap.Addr().Is4() || ap.Addr().As4()[1] != spoofBase.As4()[1] || ap.Addr().As4()[0] != spoofBase.As4()[0] {
+		ap, _, ok := tupleEnds(f.Original)
+		if !ok || !ap.Addr().Is4() || ap.Addr().As4()[1] != spoofBase.As4()[1] || ap.Addr().As4()[0] != spoofBase.As4()[0] {
 			continue
 		}
 		a4, base := ap.Addr().As4(), spoofBase.As4()
@@ -589,27 +583,17 @@ func halfOpenAtBackends(tb *testbed.Testbed, a *daemon, client netip.Addr) strin
 		out, _ := tb.Exec(tb.BackendNS(i), "sh", "-c", "ss -Htan state syn-recv | wc -l")
 		fmt.Fprintf(&b, "  backend %d: %s half-open sockets\n", i, strings.TrimSpace(string(out)))
 	}
-	var flows []struct {
-		Original   string `json:"original"`
-		Translated string `json:"translated"`
-		State      string `json:"state"`
-	}
+	var flows []flowReply
 	if err := a.query("conntrack", &flows); err != nil {
 		return b.String() + err.Error()
 	}
 	n := 0
 	for _, f := range flows {
-		_, ends, _ := strings.Cut(f.Original, " ")
-		src, _, _ := strings.Cut(ends, "->")
-		if ap, err := netip.ParseAddrPort(src); err != nil || ap.Addr() != client || f.State == "established" {
+		if src, _, ok := tupleEnds(f.Original); !ok || src.Addr() != client || f.State == "established" {
 			continue
 		}
 		fmt.Fprintf(&b, "  %s => %s %s\n", f.Original, f.Translated, f.State)
-		_, tends, _ := strings.Cut(f.Translated, " ")
-		tsrc, tdst, _ := strings.Cut(tends, "->")
-		s, err1 := netip.ParseAddrPort(tsrc)
-		d, err2 := netip.ParseAddrPort(tdst)
-		if err1 == nil && err2 == nil {
+		if s, d, ok := tupleEnds(f.Translated); ok {
 			for i := range tb.NumBackends() {
 				filter := fmt.Sprintf("( sport = :%d and dport = :%d )", d.Port(), s.Port())
 				out, _ := tb.Exec(tb.BackendNS(i), "ss", "-Htanoi", "state", "all", filter)

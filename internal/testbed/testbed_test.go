@@ -16,6 +16,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/xdproxy/xdproxy/internal/testbed/testserver"
 	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 func netnsList(t *testing.T) string {
@@ -224,10 +225,9 @@ func TestCleanupStale(t *testing.T) {
 			unix.Stat(fmt.Sprintf("/proc/%d/ns/net", sleeper.Process.Pid), &got) == nil &&
 			want.Dev == got.Dev && want.Ino == got.Ino
 	}
-	for deadline := time.Now().Add(5 * time.Second); !inStale(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the sleeper never entered the stale namespace")
-		}
+	if wait.PollUntilContextTimeout(context.Background(), 5*time.Millisecond, 5*time.Second, true,
+		func(context.Context) (bool, error) { return inStale(), nil }) != nil {
+		t.Fatal("the sleeper never entered the stale namespace")
 	}
 	mnt, err := Cgroup2Mount()
 	if err != nil {
