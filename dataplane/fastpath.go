@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"math/bits"
 
+	"github.com/xdproxy/xdproxy/dataplane/service"
 	"github.com/xdproxy/xdproxy/nat"
 	"github.com/xdproxy/xdproxy/nat/conntrack"
 	"github.com/xdproxy/xdproxy/nat/packet"
@@ -16,7 +17,10 @@ import (
 //     hashes it once, looks in the flow cache, and prefetches what the
 //     second pass will read: the conntrack entry of a cached flow, or the
 //     table's index slot. prefetchLookups then reads each of those slots,
-//     arrived meanwhile, and prefetches the entry it points to. The cache
+//     arrived meanwhile, and prefetches the entry it points to. A frame
+//     whose slot is empty opens a new flow: predictNewFlow makes its
+//     backend choice ahead and prefetches what the insert will touch
+//     (the reply tuple's index slot, the entry it will fill). The cache
 //     misses of the whole batch overlap.
 //  2. process translates each frame. A frame whose flow the cache holds
 //     (and conntrack confirms, Revalidate) takes fastV4: a few length
@@ -41,6 +45,12 @@ type prepared struct {
 	way  int8
 	set  uint32
 	puts uint64
+	// fresh says the table has no flow for key (the index slot its
+	// lookup starts at is empty), so the frame opens one unless an
+	// earlier frame of the batch did. drawn says predictNewFlow drew rnd,
+	// the random number the flow's backend choice uses.
+	fresh, drawn bool
+	rnd          uint64
 }
 
 // quickKey reads the tuple of an untagged IPv4 TCP or UDP frame without
@@ -62,6 +72,7 @@ func quickKey(frame []byte) (conntrack.Key, bool) {
 func (p *Processor) prepare(i int, frame []byte) {
 	pre := &p.pre[i]
 	pre.way = -1
+	pre.fresh, pre.drawn = false, false
 	k, ok := quickKey(frame)
 	pre.quick = ok
 	if !ok {
@@ -86,14 +97,49 @@ func (p *Processor) prepare(i int, frame []byte) {
 // prefetchLookups is the second step of prepare, once every frame of the
 // batch (n of them) has been through the first: for each frame whose flow
 // the cache did not hold, the index slot prefetched then is read and the
-// entry it points to prefetched.
-func (p *Processor) prefetchLookups(n int) {
+// entry it points to prefetched. It reports whether any frame is fresh:
+// its slot was empty, so the table has no flow for it.
+func (p *Processor) prefetchLookups(n int) (fresh bool) {
 	ct := p.cfg.Conntrack
 	for i := range n {
 		if pre := &p.pre[i]; pre.quick && pre.way < 0 {
-			ct.PrefetchLookup(pre.hash)
+			pre.fresh = !ct.PrefetchLookup(pre.hash)
+			fresh = fresh || pre.fresh
 		}
 	}
+	return fresh
+}
+
+// predictNewFlow is the third step of prepare, for a fresh frame (the i-th
+// of the batch): it makes the backend choice newFlow will make and
+// prefetches the index slot where Insert looks for the reply tuple. That
+// slot is a random access into the table's index, the one miss of a new
+// flow the first two steps cannot foresee: the reply tuple depends on the
+// backend. The random number the choice draws is kept for newFlow (pre.rnd),
+// so the choice here is the one newFlow makes; choices that change state
+// (round robin, session affinity) and masqueraded flows (their source port
+// is allocated by the insert) are not predicted. The frame's tuple is
+// quickKey's: untagged IPv4 TCP or UDP.
+func (p *Processor) predictNewFlow(i int, frame []byte) {
+	pre := &p.pre[i]
+	pre.rnd, pre.drawn = p.rand(), true
+	ct := p.cfg.Conntrack
+	ct.PrefetchInsert(pre.hash)
+	src, dst := [4]byte(frame[26:30]), [4]byte(frame[30:34])
+	orig := packet.Tuple{Src: packet.AddrFrom4(src), Dst: packet.AddrFrom4(dst),
+		SrcPort: binary.BigEndian.Uint16(frame[34:36]), DstPort: binary.BigEndian.Uint16(frame[36:38]), Proto: packet.Proto(frame[23])}
+	tbl := p.table
+	fe := tbl.Lookup(orig.Proto, orig.Dst, orig.DstPort)
+	if fe == nil || fe.Port.Scheduler == service.RoundRobin || fe.Port.AffinityTimeout > 0 {
+		return
+	}
+	localOrigin := tbl.IsLocalOrigin(orig.Src)
+	be := fe.Select(flowHash(&orig), pre.rnd, localOrigin)
+	if be == nil || !be.Addr.Is4() || service.NeedsMasquerade(fe, orig.Src, be) {
+		return
+	}
+	reply := conntrack.KeyV4([4]byte(be.Addr[12:]), src, be.Port, orig.SrcPort, orig.Proto)
+	ct.PrefetchSlot(ct.Hash(&reply))
 }
 
 // fastV4 translates a frame whose flow the cache holds in slot s (the

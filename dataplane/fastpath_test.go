@@ -340,3 +340,47 @@ func TestNewFlowFastMatchesGeneral(t *testing.T) {
 		t.Fatalf("new flows: fast %d, general %d", fast.NewFlows, general.NewFlows)
 	}
 }
+
+// TestPredictedChoiceIsNewFlowsChoice: for a batch of new flows, the
+// backend predictNewFlow chooses (to prefetch the reply tuple's index slot)
+// is the one newFlow then translates to: both use the random number drawn
+// for the frame. Masqueraded clients, whose reply slot is not predicted,
+// keep the choice too.
+func TestPredictedChoiceIsNewFlowsChoice(t *testing.T) {
+	h := newHarness(t, testModel(), 4096)
+	p := h.proc
+	p.BeginBatch(1)
+	vip := addr("198.19.0.10")
+	const n = 64
+	frames := make([][]byte, n)
+	for i := range frames {
+		client := []packet.Addr{podA, outside}[i%2]
+		frames[i] = frame(t, packet.ProtoTCP, client, vip, uint16(40000+i), 80, packet.TCPSyn, nil)
+		p.prepare(i, frames[i])
+	}
+	if !p.prefetchLookups(n) {
+		t.Fatal("no frame of the batch is fresh")
+	}
+	fe := p.table.Lookup(packet.ProtoTCP, vip, 80)
+	backends := map[packet.Addr]int{}
+	for i, f := range frames {
+		if !p.pre[i].fresh {
+			t.Fatalf("frame %d of a new flow is not fresh", i)
+		}
+		p.predictNewFlow(i, f)
+		pk := parse(t, f)
+		orig := pk.Tuple()
+		want := fe.Select(flowHash(&orig), p.pre[i].rnd, false)
+		v := p.process(f, 1, &p.pre[i])
+		if v.Action != Forward {
+			t.Fatalf("frame %d: %v/%v", i, v.Action, v.Reason)
+		}
+		if got := parse(t, f[:v.Len]); got.Dst != want.Addr || got.DstPort != want.Port {
+			t.Fatalf("frame %d went to %v:%d, predicted %v:%d", i, got.Dst, got.DstPort, want.Addr, want.Port)
+		}
+		backends[want.Addr]++
+	}
+	if len(backends) < 2 {
+		t.Fatalf("every flow chose the same backend: %v", backends)
+	}
+}

@@ -299,11 +299,17 @@ func (p *Processor) newFlow(frame []byte, now int64, pre *prepared) Verdict {
 	}
 	orig := pk.Tuple()
 	hash := flowHash(&orig)
+	var rnd uint64
+	if pre != nil && pre.drawn {
+		rnd = pre.rnd // predictNewFlow chose with it
+	} else {
+		rnd = p.rand()
+	}
 	var be *service.Backend
 	if fe.Port.AffinityTimeout > 0 && p.cfg.Affinity != nil {
-		be = fe.SelectWithAffinity(p.cfg.Affinity, pk.Src, hash, p.rand(), localOrigin, uint32(now/1e9))
+		be = fe.SelectWithAffinity(p.cfg.Affinity, pk.Src, hash, rnd, localOrigin, uint32(now/1e9))
 	} else {
-		be = fe.Select(hash, p.rand(), localOrigin)
+		be = fe.Select(hash, rnd, localOrigin)
 	}
 	if be == nil {
 		return Verdict{Action: Drop, Reason: packet.DropNoBackend}

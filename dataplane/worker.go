@@ -323,7 +323,13 @@ func (w *Worker) processBatch(descs []afxdp.Desc) {
 	for i, d := range descs {
 		p.prepare(i, sock.Frame(d))
 	}
-	p.prefetchLookups(len(descs))
+	if p.prefetchLookups(len(descs)) {
+		for i, d := range descs {
+			if p.pre[i].fresh {
+				p.predictNewFlow(i, sock.Frame(d))
+			}
+		}
+	}
 	for i, d := range descs {
 		// Frame again rather than keep the slices: storing a pointer
 		// per frame in the heap costs a write barrier whenever the

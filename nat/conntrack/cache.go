@@ -70,12 +70,15 @@ func (t *Table) PrefetchSlot(h uint64) {
 
 // PrefetchLookup reads the index slot where the lookup of a key with hash
 // h starts and, when its tag matches, prefetches the entry it points to.
-func (t *Table) PrefetchLookup(h uint64) {
+// It reports whether the table may hold the key: false when that slot is
+// empty (a lookup would stop there), at the time of the call.
+func (t *Table) PrefetchLookup(h uint64) (maybe bool) {
 	arr := t.shardOf(h).index.Load()
 	s := arr.slots[h&arr.mask].Load()
 	if i := uint32(s) - 1; s>>tagShift == h>>tagShift && i < uint32(len(t.entries)) {
 		t.prefetchEntry(i)
 	}
+	return s != slotEmpty
 }
 
 // PrefetchFlow prefetches flow h's entry: Revalidate, Update and UpdateTCP
@@ -83,6 +86,22 @@ func (t *Table) PrefetchLookup(h uint64) {
 func (t *Table) PrefetchFlow(h Handle) {
 	if i := h.idx - 1; i < uint32(len(t.entries)) {
 		t.prefetchEntry(i)
+	}
+}
+
+// PrefetchInsert prefetches the entry that an Insert of a flow whose
+// original tuple has hash h would fill next (the shard's first free
+// entry), so that the insert's writes do not wait for it. It reads the
+// shard's free list without its lock: another insert may take that entry
+// first, and the prefetch is then wasted, nothing more.
+func (t *Table) PrefetchInsert(h uint64) {
+	sh := t.shardOf(h)
+	if f := sh.freeHead.Load(); f != 0 {
+		if i := f - 1; i < uint32(len(t.entries)) {
+			t.prefetchEntry(i)
+		}
+	} else if u := sh.touched.Load(); u < sh.count {
+		t.prefetchEntry(sh.first + u)
 	}
 }
 

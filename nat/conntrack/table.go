@@ -239,9 +239,10 @@ type shard struct {
 	id    int
 	first uint32 // entries [first, first+count) belong to this shard
 	count uint32
-	// Guarded by mu.
-	freeHead uint32 // free entry + 1, 0 when none
-	unused   uint32 // entries [first+unused, first+count) were never used
+	// freeHead is the first free entry + 1, 0 when none. Written under
+	// mu; read without it only as a hint (PrefetchInsert).
+	freeHead atomic.Uint32
+	unused   uint32 // guarded by mu; entries [first+unused, first+count) were never used
 	// touched is unused, readable without mu: Sweep and All skip the
 	// entries past it (an idle node's large table is mostly never used).
 	touched     atomic.Uint32
@@ -631,16 +632,19 @@ func (t *Table) tryInsert(ko, kr *key, ho, hr, meta uint64, st State, nowMs uint
 	e := &t.entries[idx]
 	seq := e.seq.Load()
 	e.seq.Store(seq + 1)
+	// Between the two stores of the sequence number, release stores
+	// suffice: they cannot become visible before the odd sequence number
+	// (a full barrier) nor after the even one.
 	for i := range keyWords {
-		e.orig[i].Store(ko[i])
-		e.reply[i].Store(kr[i])
+		storeRelease(&e.orig[i], ko[i])
+		storeRelease(&e.reply[i], kr[i])
 	}
-	e.meta.Store(meta)
-	e.created.Store(nowMs)
+	storeRelease(&e.meta, meta)
+	storeRelease(&e.created, nowMs)
 	gen := uint16((seq + 2) >> 1)
-	e.win[Original].Store(winTag(gen))
-	e.win[Reply].Store(winTag(gen))
-	e.timer.Store(packTimer(st, 0, gen, nowMs+t.timeout[0][st]))
+	storeRelease(&e.win[Original], winTag(gen))
+	storeRelease(&e.win[Reply], winTag(gen))
+	storeRelease(&e.timer, packTimer(st, 0, gen, nowMs+t.timeout[0][st]))
 	e.seq.Store(seq + 2)
 	// Publish the keys only now that the entry is complete.
 	placeLocked(so, ho, ho>>tagShift<<tagShift|uint64(idx+1))
@@ -807,9 +811,9 @@ func unplaceLocked(sh *shard, h, v uint64) {
 
 // allocLocked pops a free entry of sh.
 func (sh *shard) allocLocked(t *Table) (uint32, bool) {
-	if sh.freeHead != 0 {
-		idx := sh.freeHead - 1
-		sh.freeHead = uint32(t.entries[idx].created.Load())
+	if f := sh.freeHead.Load(); f != 0 {
+		idx := f - 1
+		storeRelease32(&sh.freeHead, uint32(t.entries[idx].created.Load()))
 		return idx, true
 	}
 	if sh.unused < sh.count {
@@ -822,8 +826,8 @@ func (sh *shard) allocLocked(t *Table) (uint32, bool) {
 }
 
 func (sh *shard) freeLocked(t *Table, idx uint32) {
-	t.entries[idx].created.Store(uint64(sh.freeHead))
-	sh.freeHead = idx + 1
+	t.entries[idx].created.Store(uint64(sh.freeHead.Load()))
+	storeRelease32(&sh.freeHead, idx+1)
 }
 
 // evictLocked frees an entry of the full shard so (sr is also locked): the
