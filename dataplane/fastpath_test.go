@@ -95,7 +95,7 @@ func TestFastPathMatchesGeneral(t *testing.T) {
 					if !h.ct.Revalidate(s.handle, s.stamp, now) {
 						t.Fatalf("flow %d dir %d %s: cached flow not valid", i, dir, c.name)
 					}
-					vb, ok := fast.fastV4(b, s, now)
+					vb, ok := fast.fastV4(b, s, now, false)
 					if ok != c.fast {
 						t.Fatalf("flow %d dir %d %s: fast path took it: %v, want %v", i, dir, c.name, ok, c.fast)
 					}

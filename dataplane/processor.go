@@ -153,7 +153,7 @@ func (p *Processor) process(frame []byte, now int64, pre *prepared) Verdict {
 			known = true
 		}
 		if s != nil {
-			if v, ok := p.fastV4(frame, s, now); ok {
+			if v, ok := p.fastV4(frame, s, now, false); ok {
 				return v
 			}
 		}
@@ -355,7 +355,7 @@ func (p *Processor) newFlow(frame []byte, now int64, pre *prepared) Verdict {
 		// fast path too.
 		if stamp, ok := p.cfg.Conntrack.Stamp(h); ok {
 			sl := p.cache.put(&pre.key, pre.hash, h, stamp, &translated, conntrack.Original)
-			if v, ok := p.fastV4(frame, sl, now); ok {
+			if v, ok := p.fastV4(frame, sl, now, true); ok {
 				return v
 			}
 		}

@@ -319,17 +319,8 @@ func (w *Worker) processBatch(descs []afxdp.Desc) {
 	// Two passes (fastpath.go): the first reads every frame's tuple and
 	// prefetches its flow, so that the batch's cache misses overlap; the
 	// second translates.
+	w.prepareBatch(descs)
 	p := w.proc
-	for i, d := range descs {
-		p.prepare(i, sock.Frame(d))
-	}
-	if p.prefetchLookups(len(descs)) {
-		for i, d := range descs {
-			if p.pre[i].fresh {
-				p.predictNewFlow(i, sock.Frame(d))
-			}
-		}
-	}
 	for i, d := range descs {
 		// Frame again rather than keep the slices: storing a pointer
 		// per frame in the heap costs a write barrier whenever the
@@ -377,6 +368,25 @@ func (w *Worker) processBatch(descs []afxdp.Desc) {
 	b.cacheMisses += w.proc.CacheMisses
 	w.proc.NewFlows, w.proc.CacheHits, w.proc.CacheMisses = 0, 0, 0
 	w.Counters.add(b)
+}
+
+// prepareBatch is the first pass over a batch (fastpath.go): each step
+// runs over every frame before the next starts.
+func (w *Worker) prepareBatch(descs []afxdp.Desc) {
+	p, sock := w.proc, w.port.Sock
+	for i, d := range descs {
+		p.prepare(i, sock.Frame(d))
+	}
+	p.prefetchFirst(len(descs))
+	if !p.prefetchLookups(len(descs)) {
+		return
+	}
+	for i, d := range descs {
+		if p.pre[i].fresh {
+			p.predictNewFlow(i, sock.Frame(d))
+		}
+	}
+	p.prefetchInserts(len(descs))
 }
 
 // toInterface queues a frame for the port that transmits on ifindex.

@@ -631,10 +631,10 @@ func (t *Table) tryInsert(ko, kr *key, ho, hr, meta uint64, st State, nowMs uint
 	}
 	e := &t.entries[idx]
 	seq := e.seq.Load()
-	e.seq.Store(seq + 1)
-	// Between the two stores of the sequence number, release stores
-	// suffice: they cannot become visible before the odd sequence number
-	// (a full barrier) nor after the even one.
+	// The seqlock's writer side needs its stores seen in order: the odd
+	// sequence number before the words, the words before the even one
+	// and the index slots. Release stores give that (storeRelease).
+	storeRelease(&e.seq, seq+1)
 	for i := range keyWords {
 		storeRelease(&e.orig[i], ko[i])
 		storeRelease(&e.reply[i], kr[i])
@@ -645,13 +645,13 @@ func (t *Table) tryInsert(ko, kr *key, ho, hr, meta uint64, st State, nowMs uint
 	storeRelease(&e.win[Original], winTag(gen))
 	storeRelease(&e.win[Reply], winTag(gen))
 	storeRelease(&e.timer, packTimer(st, 0, gen, nowMs+t.timeout[0][st]))
-	e.seq.Store(seq + 2)
+	storeRelease(&e.seq, seq+2)
 	// Publish the keys only now that the entry is complete.
 	placeLocked(so, ho, ho>>tagShift<<tagShift|uint64(idx+1))
 	placeLocked(sr, hr, hr>>tagShift<<tagShift|slotDirReply|uint64(idx+1))
 	so.live.Add(1)
 	so.counts[0][st].Add(1)
-	so.c.inserts.Add(1)
+	storeRelease(&so.c.inserts, so.c.inserts.Load()+1) // written only under so.mu
 	return Handle{idx: idx + 1, gen: gen}, Inserted, 0, 0
 }
 
@@ -770,11 +770,11 @@ func placeLocked(sh *shard, h, v uint64) {
 		switch arr.slots[pos].Load() {
 		case slotEmpty:
 			sh.used++
-			arr.slots[pos].Store(v)
+			storeRelease(&arr.slots[pos], v)
 			return
 		case slotTombstone:
 			sh.tombs--
-			arr.slots[pos].Store(v)
+			storeRelease(&arr.slots[pos], v)
 			return
 		}
 		pos = (pos + 1) & arr.mask
