@@ -56,19 +56,20 @@ type prepared struct {
 	rnd, replyHash           uint64
 }
 
-// quickKey reads the tuple of an untagged IPv4 TCP or UDP frame without
-// IP options that is not a fragment. Whenever it reports true and
+// quickKey reads into k the tuple of an untagged IPv4 TCP or UDP frame
+// without IP options that is not a fragment. Whenever it reports true and
 // packet.Parse accepts the frame, Parse finds the same tuple.
-func quickKey(frame []byte) (conntrack.Key, bool) {
+func quickKey(frame []byte, k *conntrack.Key) bool {
 	if len(frame) < packet.EthernetLen+packet.IPv4MinLen+4 || frame[12] != 0x08 || frame[13] != 0x00 || frame[14] != 0x45 {
-		return conntrack.Key{}, false
+		return false
 	}
 	proto := packet.Proto(frame[23])
 	if proto != packet.ProtoTCP && proto != packet.ProtoUDP || frame[20]&0x3f != 0 || frame[21] != 0 {
-		return conntrack.Key{}, false
+		return false
 	}
-	return conntrack.KeyV4([4]byte(frame[26:30]), [4]byte(frame[30:34]),
-		binary.BigEndian.Uint16(frame[34:36]), binary.BigEndian.Uint16(frame[36:38]), proto), true
+	k.SetV4([4]byte(frame[26:30]), [4]byte(frame[30:34]),
+		binary.BigEndian.Uint16(frame[34:36]), binary.BigEndian.Uint16(frame[36:38]), proto)
+	return true
 }
 
 // prepare is the first step of the first pass, for frame, the i-th of the
@@ -78,12 +79,10 @@ func (p *Processor) prepare(i int, frame []byte) {
 	pre := &p.pre[i]
 	pre.way = -1
 	pre.fresh, pre.drawn, pre.replyKnown = false, false, false
-	k, ok := quickKey(frame)
-	pre.quick = ok
-	if !ok {
+	pre.quick = quickKey(frame, &pre.key)
+	if !pre.quick {
 		return
 	}
-	pre.key = k
 	pre.hash = p.cfg.Conntrack.Hash(&pre.key)
 	if p.cacheOff {
 		return
@@ -192,12 +191,12 @@ func (p *Processor) fastV4(frame []byte, s *flowSlot, now int64, opening bool) (
 	}
 	seg := frame[l4:end]
 	proto := packet.Proto(frame[l3+9])
-	csumOff := 6
+	csumOff, doff := 6, 0
 	if proto == packet.ProtoTCP {
 		if len(seg) < packet.TCPMinLen {
 			return Verdict{}, false
 		}
-		if doff := int(seg[12]>>4) * 4; doff < packet.TCPMinLen || doff > len(seg) {
+		if doff = int(seg[12]>>4) * 4; doff < packet.TCPMinLen || doff > len(seg) {
 			return Verdict{}, false
 		}
 		csumOff = 16
@@ -211,13 +210,17 @@ func (p *Processor) fastV4(frame []byte, s *flowSlot, now int64, opening bool) (
 	}
 	ct := p.cfg.Conntrack
 	if proto == packet.ProtoTCP {
-		if tcp, ok := conntrack.ParseTCPSegment(seg); ok {
-			if !opening && tcp.Flags&(packet.TCPSyn|packet.TCPAck) == packet.TCPSyn {
+		var tcp conntrack.TCPSegment
+		if flags := seg[13]; flags&packet.TCPSyn == 0 {
+			tcp.ReadNoOptions(seg, doff)
+		} else {
+			if !opening && flags&packet.TCPAck == 0 {
 				return Verdict{}, false // may open a new connection on an old tuple: established decides
 			}
-			if _, res := ct.UpdateTCP(s.handle, s.dir, tcp, now); res == conntrack.UpdateOutOfWindow {
-				return Verdict{Action: Drop, Reason: packet.DropOutOfWindow}, true
-			}
+			tcp, _ = conntrack.ParseTCPSegment(seg) // with the window scale option
+		}
+		if _, res := ct.UpdateTCP(s.handle, s.dir, &tcp, now); res == conntrack.UpdateOutOfWindow {
+			return Verdict{Action: Drop, Reason: packet.DropOutOfWindow}, true
 		}
 	} else {
 		ct.Update(s.handle, s.dir, 0, now)
@@ -240,7 +243,7 @@ func (p *Processor) fastV4(frame []byte, s *flowSlot, now int64, opening bool) (
 		}
 		binary.BigEndian.PutUint16(seg[csumOff:], c)
 	}
-	return Verdict{Action: Forward, NextHop: rw.Dst, Len: len(frame)}, true
+	return p.forward(&rw.Dst, len(frame)), true
 }
 
 // fastDeltas works out, for a flow whose packets arrive with the tuple

@@ -105,8 +105,9 @@ func TestFastPathMatchesGeneral(t *testing.T) {
 						}
 					} else {
 						taken++
-						if vb != va {
-							t.Fatalf("flow %d dir %d %s: verdict %+v, general %+v", i, dir, c.name, vb, va)
+						if vb != va || fast.NextHop() != general.NextHop() {
+							t.Fatalf("flow %d dir %d %s: verdict %+v to %v, general %+v to %v", i, dir, c.name,
+								vb, fast.NextHop(), va, general.NextHop())
 						}
 						if !bytes.Equal(a[:va.Len], b[:vb.Len]) {
 							t.Fatalf("flow %d dir %d %s:\nfast    %x\ngeneral %x", i, dir, c.name, b[:vb.Len], a[:va.Len])
@@ -207,7 +208,8 @@ func TestQuickKeyMatchesParse(t *testing.T) {
 		for range 1 + rng.IntN(3) {
 			f[rng.IntN(54)] ^= byte(1 << rng.IntN(8))
 		}
-		k, ok := quickKey(f)
+		var k conntrack.Key
+		ok := quickKey(f, &k)
 		var p packet.Packet
 		if !ok || packet.Parse(f, &p) != packet.OK || p.IsICMPError || p.IsLaterFragment() {
 			continue
@@ -329,7 +331,7 @@ func TestNewFlowFastMatchesGeneral(t *testing.T) {
 		va := general.Process(a, 1e9)
 		fast.prepare(0, b)
 		vb := fast.process(b, 1e9, &fast.pre[0])
-		if va != vb || !bytes.Equal(a[:va.Len], b[:vb.Len]) {
+		if va != vb || general.NextHop() != fast.NextHop() || !bytes.Equal(a[:va.Len], b[:vb.Len]) {
 			t.Fatalf("flow %d: fast %+v %x\ngeneral %+v %x", i, vb, b[:vb.Len], va, a[:va.Len])
 		}
 		if va.Action != Forward {

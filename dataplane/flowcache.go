@@ -27,6 +27,10 @@ import (
 // The cache holds no pointers (the garbage collector never scans it) and
 // belongs to one worker (no locks, no atomics).
 type flowCache struct {
+	// tags holds a fingerprint of each slot's key (tagOf; 0 when the
+	// slot is empty), so that a lookup reads one cache line of tags and
+	// then only the slot whose tag matches, not every way's key.
+	tags [flowCacheSets][flowCacheWays]uint32
 	sets [flowCacheSets][flowCacheWays]flowSlot
 	// next is the way each set fills next (first in, first out).
 	next [flowCacheSets]uint8
@@ -35,7 +39,7 @@ type flowCache struct {
 	puts uint64
 }
 
-// flowCacheSets and flowCacheWays: 4096 flows in 416 KiB per worker.
+// flowCacheSets and flowCacheWays: 4096 flows in 432 KiB per worker.
 const (
 	flowCacheSets = 1024
 	flowCacheWays = 4
@@ -59,12 +63,17 @@ type flowSlot struct {
 // not the low bits that pick the index slot.
 func setOf(h uint64) uint32 { return uint32(h>>40) & (flowCacheSets - 1) }
 
+// tagOf is the fingerprint of hash h in tags: bits the set does not use,
+// never 0.
+func tagOf(h uint64) uint32 { return uint32(h) | 1 }
+
 // lookup returns the set of k and the way holding k, -1 for none.
 func (c *flowCache) lookup(k *conntrack.Key, h uint64) (uint32, int8) {
 	set := setOf(h)
-	s := &c.sets[set]
-	for w := range s {
-		if sameKey(&s[w].key, k) {
+	tag := tagOf(h)
+	tags := &c.tags[set]
+	for w := range tags {
+		if tags[w] == tag && sameKey(&c.sets[set][w].key, k) {
 			return set, int8(w)
 		}
 	}
@@ -87,13 +96,15 @@ func (c *flowCache) put(k *conntrack.Key, h uint64, fh conntrack.Handle, stamp u
 	w := c.next[set]
 	c.next[set] = (w + 1) % flowCacheWays
 	c.puts++
+	c.tags[set][w] = tagOf(h)
 	s := &c.sets[set][w]
 	*s = flowSlot{key: *k, stamp: stamp, handle: fh, rewrite: *rw, dir: dir}
 	s.ipDelta, s.l4Delta, s.pseudo, s.fast = fastDeltas(k, rw)
 	return s
 }
 
-// drop empties slot s (its flow is gone or was replaced).
+// drop empties slot s (its flow is gone or was replaced). Its tag stays:
+// the zero key matches no lookup.
 func (c *flowCache) drop(s *flowSlot) {
 	s.key = conntrack.Key{}
 	c.puts++

@@ -6,6 +6,7 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/xdproxy/xdproxy/nat/conntrack"
@@ -362,7 +363,10 @@ func (w *fakeFlowWriter) Flush() (int, error) {
 type fakeResolver struct {
 	mu   sync.Mutex
 	hops map[packet.Addr]NextHop
+	gen  atomic.Uint64
 }
+
+func (r *fakeResolver) Generation() uint64 { return r.gen.Load() }
 
 func (r *fakeResolver) Resolve(dst packet.Addr) (NextHop, packet.Reason) {
 	r.mu.Lock()
@@ -377,6 +381,7 @@ func (r *fakeResolver) set(dst packet.Addr, h NextHop) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.hops[dst] = h
+	r.gen.Add(1)
 }
 
 // fakeKernel is a Kernel in memory.

@@ -480,6 +480,10 @@ func (t xdpTables) SetSYNGuard(g xdp.SYNGuard) error            { return t.o.Set
 // routeResolver adapts the route cache to Resolver.
 type routeResolver struct{ c *route.Cache }
 
+// Generation is the route cache's snapshot generation: every change of
+// routes, links or neighbours publishes a new snapshot.
+func (r routeResolver) Generation() uint64 { return r.c.Generation() }
+
 func (r routeResolver) Resolve(dst packet.Addr) (NextHop, packet.Reason) {
 	h, st := r.c.Lookup(dst)
 	switch st {

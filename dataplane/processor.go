@@ -58,6 +58,10 @@ type Processor struct {
 	rejectTokens int
 	rejectRefill int64
 
+	// nextHop is where the frame of the last Forward or Reply verdict
+	// goes (NextHop).
+	nextHop packet.Addr
+
 	// NewFlows counts flows this processor created; read by its worker.
 	NewFlows uint64
 	// NewReplies are the reply tuples of the flows created in this batch,
@@ -202,6 +206,17 @@ func (p *Processor) process(frame []byte, now int64, pre *prepared) Verdict {
 	return p.newFlow(frame, now, pre)
 }
 
+// NextHop is the destination to route the frame of the last Forward or
+// Reply verdict to: the translated destination address for Forward, the
+// original source for Reply.
+func (p *Processor) NextHop() packet.Addr { return p.nextHop }
+
+// forward is a Forward verdict for a frame of n bytes sent on to dst.
+func (p *Processor) forward(dst *packet.Addr, n int) Verdict {
+	p.nextHop = *dst
+	return Verdict{Action: Forward, Len: n}
+}
+
 // CompletePartial completes a TCP or UDP checksum that checksum offload
 // left partial (nat.CompleteIfPartial) in a frame the worker hands to the
 // kernel's stack as it came (a pass verdict): the stack checks the
@@ -249,14 +264,14 @@ func (p *Processor) established(frame []byte, h conntrack.Handle, rw *packet.Tup
 		// Window tracking: a reset or FIN outside the receiver's window is
 		// not the peer's (a blind attack) and must not close the flow.
 		if seg, ok := conntrack.ParseTCPSegment(frame[pk.L4:pk.End]); ok {
-			if _, res := p.cfg.Conntrack.UpdateTCP(h, dir, seg, now); res == conntrack.UpdateOutOfWindow {
+			if _, res := p.cfg.Conntrack.UpdateTCP(h, dir, &seg, now); res == conntrack.UpdateOutOfWindow {
 				return Verdict{Action: Drop, Reason: packet.DropOutOfWindow}
 			}
 		}
 		if !nat.Rewrite(frame, pk, *rw) {
 			return Verdict{Action: Drop, Reason: packet.DropInvalidState}
 		}
-		return Verdict{Action: Forward, NextHop: rw.Dst, Len: len(frame)}
+		return p.forward(&rw.Dst, len(frame))
 	}
 	if !nat.Rewrite(frame, pk, *rw) {
 		return Verdict{Action: Drop, Reason: packet.DropInvalidState}
@@ -265,7 +280,7 @@ func (p *Processor) established(frame []byte, h conntrack.Handle, rw *packet.Tup
 	if first {
 		p.cfg.Conntrack.RememberFragment(fk, rw.Src, rw.Dst, now)
 	}
-	return Verdict{Action: Forward, NextHop: rw.Dst, Len: len(frame)}
+	return p.forward(&rw.Dst, len(frame))
 }
 
 // newFlow handles the first packet of a flow: find the frontend, choose a
@@ -393,7 +408,8 @@ func (p *Processor) reject(frame []byte, now int64) Verdict {
 	if !ok {
 		return Verdict{Action: Drop, Reason: packet.DropNoBackend}
 	}
-	return Verdict{Action: Reply, Reason: packet.DropNoBackend, NextHop: client, Len: n}
+	p.nextHop = client
+	return Verdict{Action: Reply, Reason: packet.DropNoBackend, Len: n}
 }
 
 func (p *Processor) takeRejectToken(now int64) bool {
@@ -433,7 +449,7 @@ func (p *Processor) icmpError(frame []byte, now int64) Verdict {
 	if !nat.TranslateICMPError(frame, pk, outerSrc, rw.Dst, inner.Src, inner.Dst, inner.SrcPort, inner.DstPort) {
 		return Verdict{Action: Drop, Reason: packet.DropShortICMPQuote}
 	}
-	return Verdict{Action: Forward, NextHop: rw.Dst, Len: len(frame)}
+	return p.forward(&rw.Dst, len(frame))
 }
 
 // laterFragment gives a fragment without L4 header the translation its
@@ -450,7 +466,7 @@ func (p *Processor) laterFragment(frame []byte, now int64) Verdict {
 	if !nat.Rewrite(frame, pk, packet.Tuple{Src: src, Dst: dst}) {
 		return Verdict{Action: Drop, Reason: packet.DropInvalidState}
 	}
-	return Verdict{Action: Forward, NextHop: dst, Len: len(frame)}
+	return p.forward(&dst, len(frame))
 }
 
 // rand is xorshift64*: a worker-local random source, one per Processor,

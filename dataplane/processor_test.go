@@ -163,8 +163,8 @@ func TestPacketFlows(t *testing.T) {
 				for _, b := range c.backends {
 					found = found || p.Dst == b
 				}
-				if !found || v.NextHop != p.Dst {
-					t.Fatalf("sent to %v (next hop %v), want one of %v", p.Dst, v.NextHop, c.backends)
+				if !found || h.proc.NextHop() != p.Dst {
+					t.Fatalf("sent to %v (next hop %v), want one of %v", p.Dst, h.proc.NextHop(), c.backends)
 				}
 				if masq := p.Src == nodeAddr; masq != c.masq {
 					t.Fatalf("source %v:%d, masquerade %v, want %v", p.Src, p.SrcPort, masq, c.masq)
@@ -174,7 +174,7 @@ func TestPacketFlows(t *testing.T) {
 				}
 			case Reply:
 				p := parse(t, f[:v.Len])
-				if p.Dst != c.src || v.NextHop != c.src || p.Src != addr(c.dst) {
+				if p.Dst != c.src || h.proc.NextHop() != c.src || p.Src != addr(c.dst) {
 					t.Fatalf("reply %v -> %v, want %v -> %v", p.Src, p.Dst, c.dst, c.src)
 				}
 				if c.proto == packet.ProtoTCP && p.TCPFlags&packet.TCPRst == 0 {
@@ -203,7 +203,7 @@ func TestReplyDirection(t *testing.T) {
 			t.Fatalf("reply verdict %v/%v", v.Action, v.Reason)
 		}
 		back := parse(t, reply[:v.Len])
-		if back.Src != vip || back.SrcPort != 80 || back.Dst != client || back.DstPort != 41000 || v.NextHop != client {
+		if back.Src != vip || back.SrcPort != 80 || back.Dst != client || back.DstPort != 41000 || h.proc.NextHop() != client {
 			t.Fatalf("reply became %v:%d -> %v:%d", back.Src, back.SrcPort, back.Dst, back.DstPort)
 		}
 		// The flow is established now: the next client packet keeps its backend.
@@ -235,8 +235,8 @@ func TestICMPErrorFromBackendPath(t *testing.T) {
 		ip, &layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(3, 4), Seq: 1400}, gopacket.Payload(quote))
 	icmp := append(make([]byte, 0, 2048), buf.Bytes()...)
 	v = h.proc.Process(icmp, 2)
-	if v.Action != Forward || v.NextHop != outside {
-		t.Fatalf("verdict %v/%v to %v", v.Action, v.Reason, v.NextHop)
+	if v.Action != Forward || h.proc.NextHop() != outside {
+		t.Fatalf("verdict %v/%v to %v", v.Action, v.Reason, h.proc.NextHop())
 	}
 	p := parse(t, icmp[:v.Len])
 	if p.Src != router || p.Dst != outside || p.Inner.Src != outside || p.Inner.SrcPort != 42000 || p.Inner.Dst != vip || p.Inner.DstPort != 80 {

@@ -31,9 +31,12 @@ type NextHop struct {
 // Resolver finds the next hop of a destination. Resolve is called per
 // forwarded frame and must not block, lock or allocate; a destination whose
 // neighbour is unknown returns packet.DropNeighbor after triggering
-// resolution, one without a route packet.DropNoRoute.
+// resolution, one without a route packet.DropNoRoute. Generation changes
+// whenever an answer of Resolve may change (routes, links, neighbours):
+// workers cache answers until it does (hopCache).
 type Resolver interface {
 	Resolve(dst packet.Addr) (NextHop, packet.Reason)
+	Generation() uint64
 }
 
 // WorkerConfig configures one worker.
@@ -78,6 +81,7 @@ type Worker struct {
 	port     *Port
 	proc     *Processor
 	resolver Resolver
+	hops     hopCache
 	flows    FlowWriter
 	ct       *conntrack.Table
 	egress   *atomic.Pointer[egress]
@@ -313,6 +317,7 @@ func (w *Worker) processBatch(descs []afxdp.Desc) {
 	}
 	now := monotonicNow()
 	w.proc.BeginBatch(now)
+	w.hops.begin(w.resolver.Generation())
 	sock := w.port.Sock
 	b := &w.batch
 	b.rx += uint64(len(descs))
@@ -329,7 +334,7 @@ func (w *Worker) processBatch(descs []afxdp.Desc) {
 		v := p.process(frame, now, &p.pre[i])
 		switch v.Action {
 		case Forward, Reply:
-			hop, r := w.resolver.Resolve(v.NextHop)
+			hop, r := w.hops.resolve(w.resolver, &p.nextHop)
 			if r != packet.OK {
 				b.byReason[r]++
 				w.release = append(w.release, d)

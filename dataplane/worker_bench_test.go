@@ -94,6 +94,8 @@ func benchTable(services int) *service.Table {
 // benchResolver sends everything out of the worker's own interface.
 type benchResolver struct{}
 
+func (benchResolver) Generation() uint64 { return 1 }
+
 func (benchResolver) Resolve(packet.Addr) (NextHop, packet.Reason) {
 	return NextHop{Ifindex: 1, Src: [6]byte{2, 0, 0, 0, 1, 1}, Dst: [6]byte{2, 0, 0, 0, 2, 2}}, packet.OK
 }

@@ -79,6 +79,8 @@ func (k *fakeKernel) Tables() dataplane.Tables                       { return k.
 func (k *fakeKernel) LocalClients() dataplane.LocalClients           { return nil }
 func (k *fakeKernel) Resolver() dataplane.Resolver                   { return fakeResolver{} }
 func (k *fakeKernel) Close() error                                   { return nil }
+func (fakeResolver) Generation() uint64                              { return 0 }
+
 func (fakeResolver) Resolve(packet.Addr) (dataplane.NextHop, packet.Reason) {
 	return dataplane.NextHop{}, packet.OK
 }

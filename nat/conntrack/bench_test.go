@@ -94,7 +94,7 @@ func BenchmarkLookupUpdateTCP(b *testing.B) {
 					b.Fatal("miss")
 				}
 				seg := TCPSegment{Flags: packet.TCPAck, Seq: seqs[i], Ack: seqs[i^1], Window: 502, Len: 1448}
-				if _, res := tb.UpdateTCP(f.Handle, d, seg, now); res != UpdateOK {
+				if _, res := tb.UpdateTCP(f.Handle, d, &seg, now); res != UpdateOK {
 					b.Fatal(res)
 				}
 				seqs[i] += 1448

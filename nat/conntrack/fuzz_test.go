@@ -96,7 +96,7 @@ func FuzzTCPMachine(f *testing.F) {
 					res = UpdateGone
 				}
 			} else {
-				st, res = tb.UpdateTCP(fl.Handle, dir, sg, now)
+				st, res = tb.UpdateTCP(fl.Handle, dir, &sg, now)
 			}
 			after := e.timer.Load()
 			switch res {

@@ -43,7 +43,7 @@ func fillForRestore(t *testing.T, tb *Table, base int64, ports PortRange) []want
 			o, tr := tup(cl, 40000, frontend, 80, packet.ProtoTCP), tup(cl, 40000, backend, 8080, packet.ProtoTCP)
 			h := mustInsert(t, tb, o, tr, DNAT, uint32(i), base)
 			for _, s := range handshake {
-				tb.UpdateTCP(h, s.dir, s.TCPSegment, base)
+				tb.UpdateTCP(h, s.dir, &s.TCPSegment, base)
 			}
 			add(wantFlow{o, tr, DNAT, uint32(i), TCPEstablished, true, false})
 		case 1: // DNAT UDP, never answered: expired by base+30s
@@ -81,7 +81,7 @@ func fillForRestore(t *testing.T, tb *Table, base int64, ports PortRange) []want
 			o, tr := tup(c6, 1234, v6f, 443, packet.ProtoTCP), tup(c6, 1234, v6b, 8443, packet.ProtoTCP)
 			h := mustInsert(t, tb, o, tr, DNAT, uint32(i), base)
 			for _, s := range append(handshake, pk(Original, finack, 1001, 6001, 502, 0)) {
-				tb.UpdateTCP(h, s.dir, s.TCPSegment, base)
+				tb.UpdateTCP(h, s.dir, &s.TCPSegment, base)
 			}
 			add(wantFlow{o, tr, DNAT, uint32(i), TCPFinWait, true, false})
 		}
@@ -226,7 +226,7 @@ func TestStateFileRestoreRules(t *testing.T) {
 		o, tr := flow(i)
 		h := mustInsert(t, tb, o, tr, DNAT, uint32(i), now)
 		for _, s := range handshake {
-			tb.UpdateTCP(h, s.dir, s.TCPSegment, now)
+			tb.UpdateTCP(h, s.dir, &s.TCPSegment, now)
 		}
 		hs = append(hs, h)
 	}
@@ -270,7 +270,7 @@ func TestStateFileRestoreRules(t *testing.T) {
 	}
 	o0, _ := flow(0)
 	f0, _ := mustLookup(t, tb, o0, now)
-	if st, res := tb.UpdateTCP(f0.Handle, Reply, TCPSegment{Flags: rst, Seq: 0x12345678}, now); res != UpdateOK || st != TCPClose {
+	if st, res := tb.UpdateTCP(f0.Handle, Reply, &TCPSegment{Flags: rst, Seq: 0x12345678}, now); res != UpdateOK || st != TCPClose {
 		t.Errorf("RST after restore: %v %v", st, res)
 	}
 	// The freed entries are reused and the table still works.

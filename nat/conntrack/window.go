@@ -32,34 +32,47 @@ func ParseTCPSegment(tcp []byte) (TCPSegment, bool) {
 	if doff < 20 || doff > len(tcp) {
 		return TCPSegment{}, false
 	}
-	seg := TCPSegment{
-		Seq:    binary.BigEndian.Uint32(tcp[4:8]),
-		Ack:    binary.BigEndian.Uint32(tcp[8:12]),
-		Flags:  tcp[13],
-		Window: binary.BigEndian.Uint16(tcp[14:16]),
-		Len:    uint32(len(tcp) - doff),
+	var seg TCPSegment
+	seg.ReadNoOptions(tcp, doff)
+	if seg.Flags&packet.TCPSyn != 0 {
+		readWScale(&seg, tcp[20:doff])
 	}
-	if seg.Flags&packet.TCPSyn == 0 {
-		return seg, true
-	}
-	opts := tcp[20:doff]
+	return seg, true
+}
+
+// ReadNoOptions is ParseTCPSegment into s for a segment whose header
+// length doff the caller checked (20 <= doff <= len(tcp)) and which is not
+// a SYN: no option matters then. It inlines into the per-packet path, and
+// it writes s in place: a segment returned by value and then copied is a
+// failed store-to-load forward on amd64.
+func (s *TCPSegment) ReadNoOptions(tcp []byte, doff int) {
+	_ = tcp[19]
+	s.Seq = binary.BigEndian.Uint32(tcp[4:8])
+	s.Ack = binary.BigEndian.Uint32(tcp[8:12])
+	s.Flags = tcp[13]
+	s.Window = binary.BigEndian.Uint16(tcp[14:16])
+	s.WScale, s.HasWScale = 0, false
+	s.Len = uint32(len(tcp) - doff)
+}
+
+// readWScale reads the window scale option of a SYN from its options.
+func readWScale(seg *TCPSegment, opts []byte) {
 	for len(opts) > 0 {
 		switch opts[0] {
 		case 0: // end of options
-			return seg, true
+			return
 		case 1: // no-op
 			opts = opts[1:]
 			continue
 		}
 		if len(opts) < 2 || opts[1] < 2 || int(opts[1]) > len(opts) {
-			return seg, true // malformed: keep what the header says
+			return // malformed: keep what the header says
 		}
 		if opts[0] == 3 && opts[1] == 3 {
 			seg.WScale, seg.HasWScale = min(opts[2], maxWScale), true
 		}
 		opts = opts[opts[1]:]
 	}
-	return seg, true
 }
 
 // Closed reports whether flow h is a TCP flow whose connection has ended
@@ -212,7 +225,7 @@ func ackInWindow(ack uint32, wr, wd uint64) bool {
 // window words, which share a cache line with the keys Lookup read, and
 // writes the sender's word only when its end moved forward by more than
 // 16 KiB, it advertised a larger window, or it sent a SYN, FIN or RST.
-func (t *Table) UpdateTCP(h Handle, dir Direction, seg TCPSegment, now int64) (State, UpdateResult) {
+func (t *Table) UpdateTCP(h Handle, dir Direction, seg *TCPSegment, now int64) (State, UpdateResult) {
 	if h.idx == 0 || h.idx > uint32(len(t.entries)) {
 		return StateFree, UpdateGone
 	}
@@ -239,7 +252,7 @@ func (t *Table) UpdateTCP(h Handle, dir Direction, seg TCPSegment, now int64) (S
 		// the state machine runs: one load of the window word more than
 		// Update.
 		wd := e.win[dir].Load()
-		if sameTag(wd, tag) && wd&winSeen != 0 && int32(segEnd(&seg)-winEnd(wd)) <= winLag &&
+		if sameTag(wd, tag) && wd&winSeen != 0 && int32(segEnd(seg)-winEnd(wd)) <= winLag &&
 			uint64(seg.Window) <= winMaxRaw(wd) {
 			ns, ok := t.advance(e, h, dir, seg.Flags, nowMs)
 			if !ok {
@@ -261,7 +274,7 @@ func (t *Table) UpdateTCP(h Handle, dir Direction, seg TCPSegment, now int64) (S
 		// by nature, and it must get through: it is what clears the stale
 		// state on the peer.
 		staleReset := dir == Original && s < TCPEstablished && seg.Flags&(packet.TCPRst|packet.TCPAck) == packet.TCPRst
-		if !staleReset && !inWindow(s, wd, wr, &seg) {
+		if !staleReset && !inWindow(s, wd, wr, seg) {
 			c := &t.ownerOf(h.idx - 1).c
 			if seg.Flags&packet.TCPRst != 0 {
 				c.outOfWindowRST.Add(1)
@@ -275,7 +288,7 @@ func (t *Table) UpdateTCP(h Handle, dir Direction, seg TCPSegment, now int64) (S
 	if !ok {
 		return ns, UpdateGone
 	}
-	track(e, tag, dir, s, ns, &seg)
+	track(e, tag, dir, s, ns, seg)
 	return ns, UpdateOK
 }
 

@@ -151,11 +151,11 @@ func TestTCPWindowRSTAndFIN(t *testing.T) {
 			tb := newTable(t, Config{Capacity: 64})
 			h := mustInsert(t, tb, tup(client, 40000, frontend, 80, packet.ProtoTCP), tup(client, 40000, backend, 8080, packet.ProtoTCP), DNAT, 1, 0)
 			for i, s := range c.setup {
-				if _, res := tb.UpdateTCP(h, s.dir, s.TCPSegment, sec); res != UpdateOK {
+				if _, res := tb.UpdateTCP(h, s.dir, &s.TCPSegment, sec); res != UpdateOK {
 					t.Fatalf("setup %d: %v", i, res)
 				}
 			}
-			st, res := tb.UpdateTCP(h, c.last.dir, c.last.TCPSegment, sec)
+			st, res := tb.UpdateTCP(h, c.last.dir, &c.last.TCPSegment, sec)
 			if res != c.want || st != c.state {
 				t.Fatalf("got %v %v, want %v %v", st, res, c.want, c.state)
 			}
@@ -186,7 +186,7 @@ func TestTCPWindowStoresAmortised(t *testing.T) {
 	o := tup(client, 40000, frontend, 80, packet.ProtoTCP)
 	h := mustInsert(t, tb, o, tup(client, 40000, backend, 8080, packet.ProtoTCP), DNAT, 1, 0)
 	for _, s := range handshake {
-		tb.UpdateTCP(h, s.dir, s.TCPSegment, sec)
+		tb.UpdateTCP(h, s.dir, &s.TCPSegment, sec)
 	}
 	e := &tb.entries[h.idx-1]
 	seq := uint32(6001)
@@ -194,12 +194,12 @@ func TestTCPWindowStoresAmortised(t *testing.T) {
 	const packets, mss = 1000, 1448
 	for i := range packets {
 		// The client acks every other packet, as Linux does.
-		if _, res := tb.UpdateTCP(h, Reply, TCPSegment{Flags: ack, Seq: seq, Ack: 1001, Window: 509, Len: mss}, sec); res != UpdateOK {
+		if _, res := tb.UpdateTCP(h, Reply, &TCPSegment{Flags: ack, Seq: seq, Ack: 1001, Window: 509, Len: mss}, sec); res != UpdateOK {
 			t.Fatalf("packet %d: %v", i, res)
 		}
 		seq += mss
 		if i%2 == 1 {
-			tb.UpdateTCP(h, Original, TCPSegment{Flags: ack, Seq: 1001, Ack: seq, Window: 502}, sec)
+			tb.UpdateTCP(h, Original, &TCPSegment{Flags: ack, Seq: 1001, Ack: seq, Window: 502}, sec)
 		}
 		if w := e.win[Reply].Load(); w != last {
 			stores, last = stores+1, w
@@ -212,7 +212,7 @@ func TestTCPWindowStoresAmortised(t *testing.T) {
 		t.Errorf("stored end lags %d bytes", lag)
 	}
 	t.Logf("%d stores of the sender's window word for %d packets", stores, packets)
-	if _, res := tb.UpdateTCP(h, Reply, TCPSegment{Flags: rst, Seq: seq}, sec); res != UpdateOK {
+	if _, res := tb.UpdateTCP(h, Reply, &TCPSegment{Flags: rst, Seq: seq}, sec); res != UpdateOK {
 		t.Errorf("rst at the true end: %v", res)
 	}
 }
@@ -224,7 +224,7 @@ func TestTCPWindowRestart(t *testing.T) {
 	o := tup(client, 40000, frontend, 80, packet.ProtoTCP)
 	h := mustInsert(t, tb, o, tup(client, 40000, backend, 8080, packet.ProtoTCP), DNAT, 1, 0)
 	for _, s := range append(handshake, pk(Reply, rstack, 6001, 1001, 0, 0)) {
-		tb.UpdateTCP(h, s.dir, s.TCPSegment, sec)
+		tb.UpdateTCP(h, s.dir, &s.TCPSegment, sec)
 	}
 	// A new connection on the same ports, ISNs far from the old ones.
 	steps := []struct {
@@ -241,7 +241,7 @@ func TestTCPWindowRestart(t *testing.T) {
 		{pk(Reply, rst, 0x30000001, 0, 0, 0), UpdateOK, TCPClose},
 	}
 	for i, s := range steps {
-		st, res := tb.UpdateTCP(h, s.s.dir, s.s.TCPSegment, sec)
+		st, res := tb.UpdateTCP(h, s.s.dir, &s.s.TCPSegment, sec)
 		if res != s.want || st != s.state {
 			t.Fatalf("step %d: %v %v, want %v %v", i, st, res, s.want, s.state)
 		}
@@ -252,14 +252,14 @@ func TestUpdateTCPOtherProtocolsAndStaleHandles(t *testing.T) {
 	tb := newTable(t, Config{Capacity: 1})
 	u := tup(client, 1, frontend, 53, packet.ProtoUDP)
 	h := mustInsert(t, tb, u, tup(client, 1, backend, 53, packet.ProtoUDP), DNAT, 1, 0)
-	if st, res := tb.UpdateTCP(h, Reply, TCPSegment{Flags: rst, Seq: 0x80000000}, 0); st != UDPReplied || res != UpdateOK {
+	if st, res := tb.UpdateTCP(h, Reply, &TCPSegment{Flags: rst, Seq: 0x80000000}, 0); st != UDPReplied || res != UpdateOK {
 		t.Errorf("UDP: %v %v", st, res)
 	}
 	tb.Delete(h)
-	if _, res := tb.UpdateTCP(h, Original, TCPSegment{Flags: ack}, 0); res != UpdateGone {
+	if _, res := tb.UpdateTCP(h, Original, &TCPSegment{Flags: ack}, 0); res != UpdateGone {
 		t.Errorf("deleted flow: %v", res)
 	}
-	if _, res := tb.UpdateTCP(Handle{}, Original, TCPSegment{Flags: ack}, 0); res != UpdateGone {
+	if _, res := tb.UpdateTCP(Handle{}, Original, &TCPSegment{Flags: ack}, 0); res != UpdateGone {
 		t.Errorf("zero handle: %v", res)
 	}
 	if UpdateOK.String() != "ok" || UpdateGone.String() != "gone" || UpdateOutOfWindow.String() != "out_of_window" {
@@ -273,7 +273,7 @@ func TestUpdateTCPZeroAllocs(t *testing.T) {
 	tr := tup(client, 1, backend, 8080, packet.ProtoTCP)
 	h := mustInsert(t, tb, o, tr, DNAT, 1, 0)
 	for _, s := range handshake {
-		tb.UpdateTCP(h, s.dir, s.TCPSegment, 0)
+		tb.UpdateTCP(h, s.dir, &s.TCPSegment, 0)
 	}
 	reply := tr.Reverse()
 	now, seq := int64(0), uint32(6001)
@@ -281,15 +281,38 @@ func TestUpdateTCPZeroAllocs(t *testing.T) {
 		now += sec
 		f, d, ok := tb.Lookup(o, now)
 		if ok {
-			tb.UpdateTCP(f.Handle, d, TCPSegment{Flags: ack, Seq: 1001, Ack: seq, Window: 502}, now)
+			tb.UpdateTCP(f.Handle, d, &TCPSegment{Flags: ack, Seq: 1001, Ack: seq, Window: 502}, now)
 		}
 		f, d, ok = tb.Lookup(reply, now)
 		if ok {
-			tb.UpdateTCP(f.Handle, d, TCPSegment{Flags: ack, Seq: seq, Ack: 1001, Window: 509, Len: 1448}, now)
+			tb.UpdateTCP(f.Handle, d, &TCPSegment{Flags: ack, Seq: seq, Ack: 1001, Window: 509, Len: 1448}, now)
 			seq += 1448
 		}
-		tb.UpdateTCP(f.Handle, d, TCPSegment{Flags: rst, Seq: seq + 1<<30}, now) // out of window
+		tb.UpdateTCP(f.Handle, d, &TCPSegment{Flags: rst, Seq: seq + 1<<30}, now) // out of window
 	}); a != 0 {
 		t.Errorf("Lookup+UpdateTCP: %v allocs", a)
+	}
+}
+
+// TestReadNoOptionsMatchesParse: for every segment that is not a
+// SYN, with or without options, the inlinable reader finds what
+// ParseTCPSegment finds.
+func TestReadNoOptionsMatchesParse(t *testing.T) {
+	for i := range 2000 {
+		doff := 20 + 4*(i%11)
+		tcp := make([]byte, doff+i%37)
+		for j := range tcp {
+			tcp[j] = byte(i*131 + j*29)
+		}
+		tcp[12] = byte(doff/4) << 4
+		tcp[13] &^= packet.TCPSyn
+		want, ok := ParseTCPSegment(tcp)
+		if !ok {
+			t.Fatalf("segment %d: ParseTCPSegment refused it", i)
+		}
+		got := TCPSegment{WScale: 7, HasWScale: true} // overwritten
+		if got.ReadNoOptions(tcp, doff); got != want {
+			t.Fatalf("segment %d: %+v, ParseTCPSegment %+v", i, got, want)
+		}
 	}
 }
