@@ -54,6 +54,12 @@ type prepared struct {
 	// it worked out replyHash, the hash of the new flow's reply tuple.
 	fresh, drawn, replyKnown bool
 	rnd, replyHash           uint64
+	// fe and be are predictNewFlow's frontend and backend, nil when it
+	// made no choice; newFlow takes them instead of looking again.
+	// Cleared at the end of the batch (forgetPredictions), so that no
+	// old service table stays reachable from here.
+	fe *service.Frontend
+	be *service.Backend
 }
 
 // quickKey reads into k the tuple of an untagged IPv4 TCP or UDP frame
@@ -153,11 +159,28 @@ func (p *Processor) predictNewFlow(i int, frame []byte) {
 	}
 	localOrigin := tbl.IsLocalOrigin(orig.Src)
 	be := fe.Select(flowHash(&orig), pre.rnd, localOrigin)
-	if be == nil || !be.Addr.Is4() || service.NeedsMasquerade(fe, orig.Src, be) {
+	if be == nil {
+		return
+	}
+	pre.fe, pre.be = fe, be
+	p.predicted = true
+	if !be.Addr.Is4() || service.NeedsMasquerade(fe, orig.Src, be) {
 		return
 	}
 	reply := conntrack.KeyV4([4]byte(be.Addr[12:]), src, be.Port, orig.SrcPort, orig.Proto)
 	pre.replyHash, pre.replyKnown = p.cfg.Conntrack.Hash(&reply), true
+}
+
+// forgetPredictions drops the first n frames' predicted frontends and
+// backends at the end of a batch.
+func (p *Processor) forgetPredictions(n int) {
+	if !p.predicted {
+		return
+	}
+	for i := range n {
+		p.pre[i].fe, p.pre[i].be = nil, nil
+	}
+	p.predicted = false
 }
 
 // prefetchInserts prefetches, for each fresh frame, what its insert will

@@ -386,3 +386,36 @@ func TestPredictedChoiceIsNewFlowsChoice(t *testing.T) {
 		t.Fatalf("every flow chose the same backend: %v", backends)
 	}
 }
+
+// TestPredictionsForgotten: after a batch of new flows, no frame's
+// findings still point into the service table (an idle worker would keep
+// a replaced table reachable).
+func TestPredictionsForgotten(t *testing.T) {
+	bw := newBenchWorld(t, 10, 4096)
+	n := 0
+	bw.feedFlows(benchBatch, packet.TCPSyn, func() int { n++; return n })
+	w := bw.w
+	got := w.port.Sock.Receive(w.rx)
+	// The first pass alone: the batch's new flows are predicted.
+	w.proc.BeginBatch(1)
+	w.prepareBatch(w.rx[:got])
+	predicted := 0
+	for i := range got {
+		if w.proc.pre[i].be != nil {
+			predicted++
+		}
+	}
+	if predicted != got {
+		t.Fatalf("%d of %d new flows predicted", predicted, got)
+	}
+	// The whole batch.
+	w.processBatch(w.rx[:got])
+	for i := range got {
+		if pre := &w.proc.pre[i]; pre.fe != nil || pre.be != nil {
+			t.Fatalf("frame %d still holds its prediction", i)
+		}
+	}
+	if f := w.Counters.Forwarded.Load(); f != uint64(got) {
+		t.Fatalf("%d of %d frames forwarded: %+v", f, got, w.Counters.Snapshot())
+	}
+}

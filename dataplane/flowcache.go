@@ -98,7 +98,8 @@ func (c *flowCache) put(k *conntrack.Key, h uint64, fh conntrack.Handle, stamp u
 	c.puts++
 	c.tags[set][w] = tagOf(h)
 	s := &c.sets[set][w]
-	*s = flowSlot{key: *k, stamp: stamp, handle: fh, rewrite: *rw, dir: dir}
+	// Field by field: a composite literal is built aside and copied.
+	s.key, s.stamp, s.handle, s.rewrite, s.dir = *k, stamp, fh, *rw, dir
 	s.ipDelta, s.l4Delta, s.pseudo, s.fast = fastDeltas(k, rw)
 	return s
 }

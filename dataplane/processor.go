@@ -48,8 +48,9 @@ type Processor struct {
 	// the two paths with it).
 	cacheOff bool
 	// pre is the first pass's findings for each frame of the batch
-	// (prepare, fastpath.go).
-	pre [maxBatch]prepared
+	// (prepare, fastpath.go); predicted says some hold a prediction.
+	pre       [maxBatch]prepared
+	predicted bool
 
 	// CacheHits and CacheMisses count established packets whose flow the
 	// flow cache had (and was still valid) or not; read by its worker.
@@ -148,9 +149,10 @@ func (p *Processor) process(frame []byte, now int64, pre *prepared) Verdict {
 			p.cache.drop(s) // gone or replaced: ask the table
 			s = nil
 		}
+		var flow conntrack.Flow
 		if s != nil {
 			p.CacheHits++
-		} else if flow, dir, ok := ct.LookupKey(&pre.key, pre.hash, now); ok {
+		} else if dir, ok := ct.LookupKey(&pre.key, pre.hash, now, &flow); ok {
 			p.CacheMisses++
 			s = p.cache.put(&pre.key, pre.hash, flow.Handle, flow.Stamp(), &flow.Rewrite, dir)
 		} else {
@@ -195,8 +197,8 @@ func (p *Processor) process(frame []byte, now int64, pre *prepared) Verdict {
 			p.cache.drop(s)
 		}
 	}
-	flow, dir, ok := ct.LookupKey(&k, h, now)
-	if ok {
+	var flow conntrack.Flow
+	if dir, ok := ct.LookupKey(&k, h, now, &flow); ok {
 		p.CacheMisses++
 		if !p.cacheOff {
 			p.cache.put(&k, h, flow.Handle, flow.Stamp(), &flow.Rewrite, dir)
@@ -291,7 +293,12 @@ func (p *Processor) newFlow(frame []byte, now int64, pre *prepared) Verdict {
 	if tbl == nil {
 		return Verdict{Action: Pass, Reason: packet.PassNoService}
 	}
-	fe := tbl.Lookup(pk.Proto, pk.Dst, pk.DstPort)
+	var fe *service.Frontend
+	if pre != nil && pre.fe != nil {
+		fe = pre.fe // predictNewFlow looked it up: the same table, the same tuple
+	} else {
+		fe = tbl.Lookup(pk.Proto, pk.Dst, pk.DstPort)
+	}
 	if fe == nil {
 		// Not a service: a reply of a flow we no longer track, or traffic
 		// that raced a table change. The kernel decides.
@@ -321,7 +328,9 @@ func (p *Processor) newFlow(frame []byte, now int64, pre *prepared) Verdict {
 		rnd = p.rand()
 	}
 	var be *service.Backend
-	if fe.Port.AffinityTimeout > 0 && p.cfg.Affinity != nil {
+	if pre != nil && pre.be != nil {
+		be = pre.be // predictNewFlow's choice, with the same tuple and rnd
+	} else if fe.Port.AffinityTimeout > 0 && p.cfg.Affinity != nil {
 		be = fe.SelectWithAffinity(p.cfg.Affinity, pk.Src, hash, rnd, localOrigin, uint32(now/1e9))
 	} else {
 		be = fe.Select(hash, rnd, localOrigin)

@@ -364,6 +364,7 @@ func (w *Worker) processBatch(descs []afxdp.Desc) {
 			w.release = append(w.release, d)
 		}
 	}
+	p.forgetPredictions(len(descs))
 	w.publishFlows()
 	w.flushCross()
 	w.flushOwn()

@@ -17,7 +17,8 @@ func TestRevalidate(t *testing.T) {
 	orig := tup(client, 1000, frontend, 80, packet.ProtoUDP)
 	mustInsert(t, tb, orig, tup(client, 1000, backend, 8080, packet.ProtoUDP), DNAT, 1, 0)
 	k := MakeKey(&orig)
-	f, dir, ok := tb.LookupKey(&k, tb.Hash(&k), sec)
+	var f Flow
+	dir, ok := tb.LookupKey(&k, tb.Hash(&k), sec, &f)
 	if !ok || dir != Original {
 		t.Fatal("inserted flow not found")
 	}
@@ -88,7 +89,8 @@ func TestRevalidateRace(t *testing.T) {
 	for n := 0; checked < 2000 && time.Now().Before(deadline); n++ {
 		orig := tup(client, uint16(n%keys+1), frontend, 80, packet.ProtoUDP)
 		k := MakeKey(&orig)
-		f, _, ok := tb.LookupKey(&k, tb.Hash(&k), sec)
+		var f Flow
+		_, ok := tb.LookupKey(&k, tb.Hash(&k), sec, &f)
 		if !ok {
 			continue
 		}

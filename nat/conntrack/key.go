@@ -77,6 +77,12 @@ func (k *key) tuple() packet.Tuple {
 // on the per-packet path.
 func (k *key) reversedTuple() packet.Tuple {
 	var t packet.Tuple
+	k.reverseInto(&t)
+	return t
+}
+
+// reverseInto is reversedTuple written into t in place (see Key.SetV4).
+func (k *key) reverseInto(t *packet.Tuple) {
 	binary.LittleEndian.PutUint64(t.Dst[0:8], k[0])
 	binary.LittleEndian.PutUint64(t.Dst[8:16], k[1])
 	binary.LittleEndian.PutUint64(t.Src[0:8], k[2])
@@ -84,7 +90,6 @@ func (k *key) reversedTuple() packet.Tuple {
 	t.DstPort = uint16(k[4] >> 48)
 	t.SrcPort = uint16(k[4] >> 32)
 	t.Proto = packet.Proto(k[4] >> 8)
-	return t
 }
 
 // hashKey hashes k with the table's secret seed, so that which tuples

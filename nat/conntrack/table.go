@@ -404,13 +404,17 @@ func (t *Table) ownerOf(idx uint32) *shard { return &t.shards[idx/t.perShard] }
 // never locks and never allocates. An expired flow is not returned.
 func (t *Table) Lookup(tu packet.Tuple, now int64) (Flow, Direction, bool) {
 	k := packKey(&tu)
-	return t.LookupKey(&k, hashKey(&k, &t.seed), now)
+	var f Flow
+	dir, ok := t.LookupKey(&k, hashKey(&k, &t.seed), now, &f)
+	return f, dir, ok
 }
 
 // LookupKey is Lookup of a packed tuple whose hash (Hash) the caller has
 // already computed, for a cache in front of the table that hashes each
-// key once.
-func (t *Table) LookupKey(k *Key, h uint64, now int64) (Flow, Direction, bool) {
+// key once. It fills *f in place, for the per-packet path: a Flow returned
+// by value is copied just after it was written field by field, which on
+// amd64 stalls on a failed store-to-load forward.
+func (t *Table) LookupKey(k *Key, h uint64, now int64, f *Flow) (Direction, bool) {
 	arr := t.shardOf(h).index.Load()
 	nowMs := msOf(now)
 	tag := h >> tagShift
@@ -425,14 +429,13 @@ func (t *Table) LookupKey(k *Key, h uint64, now int64) (Flow, Direction, bool) {
 			if s&slotDirReply != 0 {
 				dir = Reply
 			}
-			var f Flow
-			if t.readFlow(uint32(s)-1, dir, k, nowMs, &f) {
-				return f, dir, true
+			if t.readFlow(uint32(s)-1, dir, k, nowMs, f) {
+				return dir, true
 			}
 		}
 		pos = (pos + 1) & arr.mask
 	}
-	return Flow{}, Original, false
+	return Original, false
 }
 
 // readFlow reads entry idx under its seqlock and fills f if the entry holds
@@ -469,7 +472,7 @@ func (t *Table) readFlow(idx uint32, dir Direction, k *key, nowMs uint64, f *Flo
 	}
 	f.Handle = Handle{idx: idx + 1, gen: uint16(s1 >> 1)}
 	f.stamp = s1
-	f.Rewrite = o.reversedTuple()
+	o.reverseInto(&f.Rewrite)
 	f.Flags = Flags(meta >> 32)
 	f.ServiceID = uint32(meta)
 	f.State = st
