@@ -44,20 +44,26 @@
 //     does), one flow-table write per batch that opened connections, and
 //     no system call at all for a batch of established flows otherwise.
 //
-// The per-packet path (fastpath.go, flowcache.go). A batch is worked
-// through twice: the first pass reads each frame's tuple from its headers,
-// hashes it once (conntrack's keyed hash) and prefetches the memory the
-// second pass will need, so that the batch's cache misses overlap; the second
-// translates. Each worker keeps a flow cache of 4096 flows (4-way,
-// pointer-free) in front of the shared conntrack table, every hit checked
-// against the table (conntrack.Table.Revalidate: the entry still holds the
-// same lifetime of the flow and it has not expired), so a deleted,
-// expired or replaced flow is never used. An established IPv4 TCP or UDP
-// packet without options or fragmentation (from the cache, or from
-// conntrack through it) is rewritten without a full parse, with the
-// checksum changes worked out once per flow; everything else takes the
-// general path (packet.Parse and package nat). Reply tuples are published
-// only for new flows, once per batch.
+// The per-packet path (fastpath.go, flowcache.go, hopcache.go). A batch is
+// worked through twice: the first pass reads each frame's tuple from its
+// headers, hashes it once (conntrack's keyed hash) and prefetches the memory
+// the second pass will need, in short loops over the batch so that the
+// batch's cache misses overlap; for a frame that opens a flow it makes the
+// backend choice ahead and prefetches what the insert will touch. The second
+// translates. The next hop of each forwarded frame comes from a per-worker
+// cache of the route cache's answers, valid while the route cache's
+// generation is unchanged. Results travel in registers or in place, never as
+// structs copied just after they were written (on amd64 such a copy waits
+// for a failed store-to-load forward; see Verdict). Each worker keeps a flow
+// cache of 4096 flows (4-way, pointer-free) in front of the shared conntrack
+// table, every hit checked against the table (conntrack.Table.Revalidate:
+// the entry still holds the same lifetime of the flow and it has not
+// expired), so a deleted, expired or replaced flow is never used. An
+// established IPv4 TCP or UDP packet without options or fragmentation (from
+// the cache, or from conntrack through it) is rewritten without a full
+// parse, with the checksum changes worked out once per flow; everything else
+// takes the general path (packet.Parse and package nat). Reply tuples are
+// published only for new flows, once per batch.
 //
 // Idle and busy polling (idle.go). With an empty ring a worker spins for
 // an adaptive while (re-checking the ring with a CPU relax in between),

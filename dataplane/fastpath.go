@@ -54,12 +54,16 @@ type prepared struct {
 	// it worked out replyHash, the hash of the new flow's reply tuple.
 	fresh, drawn, replyKnown bool
 	rnd, replyHash           uint64
-	// fe and be are predictNewFlow's frontend and backend, nil when it
-	// made no choice; newFlow takes them instead of looking again.
-	// Cleared at the end of the batch (forgetPredictions), so that no
-	// old service table stays reachable from here.
-	fe *service.Frontend
-	be *service.Backend
+	// For a fresh frame: orig is its tuple, svcHash the hash of its
+	// frontend key, fe its frontend (nil: none) and be predictNewFlow's
+	// backend (nil: no choice made); newFlow takes fe and be instead of
+	// looking again. They are cleared at the end of the batch
+	// (forgetPredictions), so that no old service table stays reachable
+	// from here.
+	orig    packet.Tuple
+	svcHash uint64
+	fe      *service.Frontend
+	be      *service.Backend
 }
 
 // quickKey reads into k the tuple of an untagged IPv4 TCP or UDP frame
@@ -98,11 +102,12 @@ func (p *Processor) prepare(i int, frame []byte) {
 }
 
 // The prefetching steps below are short loops over the batch on their
-// own. A software prefetch that misses the TLB holds its place in the
-// core's reorder window until its page walk ends; in a short loop dozens
-// of them fit in the window and their walks and misses overlap, while
-// spread through the longer steps only a few did (BenchmarkWorkerNewFlow:
-// 640-655 ns against 821-857 ns per flow).
+// own. Issued from within the longer steps, the prefetches overlapped only
+// a few at a time: the profile charged a fifth of a new flow's time to the
+// prefetch instructions themselves, as if each held its place in the
+// core's reorder window until its page walk ended. In short loops dozens
+// fit in the window (BenchmarkWorkerNewFlow, when this was written: 640-655
+// ns against 821-857 ns per flow).
 
 // prefetchFirst prefetches, for each of the batch's n frames, the
 // conntrack entry of a flow the cache holds, or else the index slot its
@@ -136,6 +141,48 @@ func (p *Processor) prefetchLookups(n int) (fresh bool) {
 	return fresh
 }
 
+// The steps for fresh frames (Worker.prepareBatch) take the service
+// lookup one cache miss at a time over the batch (see service.Table's
+// PrefetchLookup): lookService hashes the frame's frontend key and
+// prefetches its index slot, locateFrontend finds the frontend and
+// prefetches it, prefetchSelect prefetches what the backend choice reads
+// of it, and predictNewFlow decides.
+
+// lookService reads the tuple of a fresh frame (the i-th of the batch;
+// quickKey's: untagged IPv4 TCP or UDP) and prefetches the service index
+// slot of its destination.
+func (p *Processor) lookService(i int, frame []byte) {
+	pre := &p.pre[i]
+	o := &pre.orig
+	o.Src, o.Dst = packet.AddrFrom4([4]byte(frame[26:30])), packet.AddrFrom4([4]byte(frame[30:34]))
+	o.SrcPort, o.DstPort = binary.BigEndian.Uint16(frame[34:36]), binary.BigEndian.Uint16(frame[36:38])
+	o.Proto = packet.Proto(frame[23])
+	pre.svcHash = p.table.PrefetchLookup(o.Proto, &o.Dst, o.DstPort)
+}
+
+// locateFrontend finds the frontends of the batch's fresh frames (n
+// frames) and prefetches them.
+func (p *Processor) locateFrontend(n int) {
+	for i := range n {
+		if pre := &p.pre[i]; pre.fresh {
+			o := &pre.orig
+			if pre.fe = p.table.LookupHashed(pre.svcHash, o.Proto, &o.Dst, o.DstPort); pre.fe != nil {
+				p.predicted = true
+			}
+		}
+	}
+}
+
+// prefetchSelect prefetches what the backend choice reads of each fresh
+// frame's frontend.
+func (p *Processor) prefetchSelect(n int) {
+	for i := range n {
+		if pre := &p.pre[i]; pre.fresh && pre.fe != nil {
+			pre.fe.PrefetchSelect()
+		}
+	}
+}
+
 // predictNewFlow makes, for a fresh frame (the i-th of the batch), the
 // backend choice newFlow will make, and works out the hash of the reply
 // tuple Insert will look for. That tuple's index slot is a random access
@@ -144,30 +191,25 @@ func (p *Processor) prefetchLookups(n int) (fresh bool) {
 // number the choice draws is kept for newFlow (pre.rnd), so the choice
 // here is the one newFlow makes; choices that change state (round robin,
 // session affinity) and masqueraded flows (their source port is allocated
-// by the insert) are not predicted. The frame's tuple is quickKey's:
-// untagged IPv4 TCP or UDP.
-func (p *Processor) predictNewFlow(i int, frame []byte) {
+// by the insert) are not predicted.
+func (p *Processor) predictNewFlow(i int) {
 	pre := &p.pre[i]
 	pre.rnd, pre.drawn = p.rand(), true
-	src, dst := [4]byte(frame[26:30]), [4]byte(frame[30:34])
-	orig := packet.Tuple{Src: packet.AddrFrom4(src), Dst: packet.AddrFrom4(dst),
-		SrcPort: binary.BigEndian.Uint16(frame[34:36]), DstPort: binary.BigEndian.Uint16(frame[36:38]), Proto: packet.Proto(frame[23])}
-	tbl := p.table
-	fe := tbl.Lookup(orig.Proto, orig.Dst, orig.DstPort)
+	fe := pre.fe
 	if fe == nil || fe.Port.Scheduler == service.RoundRobin || fe.Port.AffinityTimeout > 0 {
 		return
 	}
-	localOrigin := tbl.IsLocalOrigin(orig.Src)
-	be := fe.Select(flowHash(&orig), pre.rnd, localOrigin)
+	o := &pre.orig
+	be := fe.Select(flowHash(o), pre.rnd, p.table.IsLocalOrigin(o.Src))
 	if be == nil {
 		return
 	}
-	pre.fe, pre.be = fe, be
-	p.predicted = true
-	if !be.Addr.Is4() || service.NeedsMasquerade(fe, orig.Src, be) {
+	pre.be = be
+	if !be.Addr.Is4() || service.NeedsMasquerade(fe, o.Src, be) {
 		return
 	}
-	reply := conntrack.KeyV4([4]byte(be.Addr[12:]), src, be.Port, orig.SrcPort, orig.Proto)
+	var reply conntrack.Key
+	reply.SetV4([4]byte(be.Addr[12:]), [4]byte(o.Src[12:]), be.Port, o.SrcPort, o.Proto)
 	pre.replyHash, pre.replyKnown = p.cfg.Conntrack.Hash(&reply), true
 }
 
@@ -183,12 +225,13 @@ func (p *Processor) forgetPredictions(n int) {
 	p.predicted = false
 }
 
-// prefetchInserts prefetches, for each fresh frame, what its insert will
-// touch: the entry it will fill and the index slot of its reply tuple.
+// prefetchInserts prefetches, for each fresh frame to a service, what its
+// insert will touch: the entry it will fill and the index slot of its
+// reply tuple.
 func (p *Processor) prefetchInserts(n int) {
 	ct := p.cfg.Conntrack
 	for i := range n {
-		if pre := &p.pre[i]; pre.fresh {
+		if pre := &p.pre[i]; pre.fresh && pre.fe != nil {
 			ct.PrefetchInsert(pre.hash)
 			if pre.replyKnown {
 				ct.PrefetchSlot(pre.replyHash)

@@ -105,9 +105,9 @@ func TestFastPathMatchesGeneral(t *testing.T) {
 						}
 					} else {
 						taken++
-						if vb != va || fast.NextHop() != general.NextHop() {
+						if vb != va || fast.Destination() != general.Destination() {
 							t.Fatalf("flow %d dir %d %s: verdict %+v to %v, general %+v to %v", i, dir, c.name,
-								vb, fast.NextHop(), va, general.NextHop())
+								vb, fast.Destination(), va, general.Destination())
 						}
 						if !bytes.Equal(a[:va.Len], b[:vb.Len]) {
 							t.Fatalf("flow %d dir %d %s:\nfast    %x\ngeneral %x", i, dir, c.name, b[:vb.Len], a[:va.Len])
@@ -324,6 +324,9 @@ func TestNewFlowFastMatchesGeneral(t *testing.T) {
 			proto, vip, port, flags = packet.ProtoUDP, addr("198.19.0.20"), 53, 0
 		}
 		f := frame(t, proto, client, vip, uint16(30000+i), port, flags, make([]byte, rng.IntN(100)))
+		if i%8 == 1 { // a SYN with options: the fast path reads the window scale too
+			f = synWithWScale(t, client, vip, uint16(30000+i), port, uint8(rng.IntN(15)))
+		}
 		f[22] = byte(2 + rng.IntN(250))
 		fixIPChecksum(f)
 		a := append(make([]byte, 0, 2048), f...)
@@ -331,7 +334,7 @@ func TestNewFlowFastMatchesGeneral(t *testing.T) {
 		va := general.Process(a, 1e9)
 		fast.prepare(0, b)
 		vb := fast.process(b, 1e9, &fast.pre[0])
-		if va != vb || general.NextHop() != fast.NextHop() || !bytes.Equal(a[:va.Len], b[:vb.Len]) {
+		if va != vb || general.Destination() != fast.Destination() || !bytes.Equal(a[:va.Len], b[:vb.Len]) {
 			t.Fatalf("flow %d: fast %+v %x\ngeneral %+v %x", i, vb, b[:vb.Len], va, a[:va.Len])
 		}
 		if va.Action != Forward {
@@ -363,16 +366,26 @@ func TestPredictedChoiceIsNewFlowsChoice(t *testing.T) {
 	if !p.prefetchLookups(n) {
 		t.Fatal("no frame of the batch is fresh")
 	}
-	fe := p.table.Lookup(packet.ProtoTCP, vip, 80)
-	backends := map[packet.Addr]int{}
 	for i, f := range frames {
 		if !p.pre[i].fresh {
 			t.Fatalf("frame %d of a new flow is not fresh", i)
 		}
-		p.predictNewFlow(i, f)
+		p.lookService(i, f)
+	}
+	p.locateFrontend(n)
+	p.prefetchSelect(n)
+	for i := range frames {
+		p.predictNewFlow(i)
+	}
+	fe := p.table.Lookup(packet.ProtoTCP, vip, 80)
+	backends := map[packet.Addr]int{}
+	for i, f := range frames {
 		pk := parse(t, f)
 		orig := pk.Tuple()
 		want := fe.Select(flowHash(&orig), p.pre[i].rnd, false)
+		if p.pre[i].fe != fe || p.pre[i].be != want {
+			t.Fatalf("frame %d: predicted %p/%p, want %p/%p", i, p.pre[i].fe, p.pre[i].be, fe, want)
+		}
 		v := p.process(f, 1, &p.pre[i])
 		if v.Action != Forward {
 			t.Fatalf("frame %d: %v/%v", i, v.Action, v.Reason)

@@ -27,9 +27,10 @@ import (
 // The cache holds no pointers (the garbage collector never scans it) and
 // belongs to one worker (no locks, no atomics).
 type flowCache struct {
-	// tags holds a fingerprint of each slot's key (tagOf; 0 when the
-	// slot is empty), so that a lookup reads one cache line of tags and
-	// then only the slot whose tag matches, not every way's key.
+	// tags holds a fingerprint of each slot's key (tagOf; 0 for a slot
+	// never filled; a dropped slot keeps its tag), so that a lookup reads
+	// one cache line of tags and then only the slot whose tag matches,
+	// not every way's key.
 	tags [flowCacheSets][flowCacheWays]uint32
 	sets [flowCacheSets][flowCacheWays]flowSlot
 	// next is the way each set fills next (first in, first out).

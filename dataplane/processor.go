@@ -60,7 +60,7 @@ type Processor struct {
 	rejectRefill int64
 
 	// nextHop is where the frame of the last Forward or Reply verdict
-	// goes (NextHop).
+	// goes (Destination).
 	nextHop packet.Addr
 
 	// NewFlows counts flows this processor created; read by its worker.
@@ -208,10 +208,10 @@ func (p *Processor) process(frame []byte, now int64, pre *prepared) Verdict {
 	return p.newFlow(frame, now, pre)
 }
 
-// NextHop is the destination to route the frame of the last Forward or
+// Destination is the address to route the frame of the last Forward or
 // Reply verdict to: the translated destination address for Forward, the
 // original source for Reply.
-func (p *Processor) NextHop() packet.Addr { return p.nextHop }
+func (p *Processor) Destination() packet.Addr { return p.nextHop }
 
 // forward is a Forward verdict for a frame of n bytes sent on to dst.
 func (p *Processor) forward(dst *packet.Addr, n int) Verdict {
@@ -294,8 +294,8 @@ func (p *Processor) newFlow(frame []byte, now int64, pre *prepared) Verdict {
 		return Verdict{Action: Pass, Reason: packet.PassNoService}
 	}
 	var fe *service.Frontend
-	if pre != nil && pre.fe != nil {
-		fe = pre.fe // predictNewFlow looked it up: the same table, the same tuple
+	if pre != nil && pre.fresh && pre.fe != nil {
+		fe = pre.fe // locateFrontend found it: the same table, the same tuple
 	} else {
 		fe = tbl.Lookup(pk.Proto, pk.Dst, pk.DstPort)
 	}
@@ -328,7 +328,7 @@ func (p *Processor) newFlow(frame []byte, now int64, pre *prepared) Verdict {
 		rnd = p.rand()
 	}
 	var be *service.Backend
-	if pre != nil && pre.be != nil {
+	if pre != nil && pre.fresh && pre.be != nil {
 		be = pre.be // predictNewFlow's choice, with the same tuple and rnd
 	} else if fe.Port.AffinityTimeout > 0 && p.cfg.Affinity != nil {
 		be = fe.SelectWithAffinity(p.cfg.Affinity, pk.Src, hash, rnd, localOrigin, uint32(now/1e9))

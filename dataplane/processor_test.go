@@ -106,6 +106,26 @@ func frame(t testing.TB, proto packet.Proto, src, dst packet.Addr, sport, dport 
 	return out
 }
 
+// synWithWScale is frame for a TCP SYN that carries the window scale
+// option (shift) after a no-op.
+func synWithWScale(t testing.TB, src, dst packet.Addr, sport, dport uint16, shift uint8) []byte {
+	t.Helper()
+	ip := &layers.IPv4{Version: 4, TTL: 64, Id: 1, Protocol: layers.IPProtocolTCP,
+		SrcIP: net.IP(src.Netip().AsSlice()), DstIP: net.IP(dst.Netip().AsSlice())}
+	eth := &layers.Ethernet{SrcMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}, DstMAC: net.HardwareAddr{2, 0, 0, 0, 0, 2}, EthernetType: layers.EthernetTypeIPv4}
+	tcp := &layers.TCP{SrcPort: layers.TCPPort(sport), DstPort: layers.TCPPort(dport), Seq: 100, Window: 1000, SYN: true,
+		Options: []layers.TCPOption{{OptionType: layers.TCPOptionKindNop},
+			{OptionType: layers.TCPOptionKindWindowScale, OptionLength: 3, OptionData: []byte{shift}}}}
+	_ = tcp.SetNetworkLayerForChecksum(ip)
+	buf := gopacket.NewSerializeBuffer()
+	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}, eth, ip, tcp); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]byte, len(buf.Bytes()), 2048)
+	copy(out, buf.Bytes())
+	return out
+}
+
 func parse(t testing.TB, f []byte) packet.Packet {
 	t.Helper()
 	var p packet.Packet
@@ -163,8 +183,8 @@ func TestPacketFlows(t *testing.T) {
 				for _, b := range c.backends {
 					found = found || p.Dst == b
 				}
-				if !found || h.proc.NextHop() != p.Dst {
-					t.Fatalf("sent to %v (next hop %v), want one of %v", p.Dst, h.proc.NextHop(), c.backends)
+				if !found || h.proc.Destination() != p.Dst {
+					t.Fatalf("sent to %v (next hop %v), want one of %v", p.Dst, h.proc.Destination(), c.backends)
 				}
 				if masq := p.Src == nodeAddr; masq != c.masq {
 					t.Fatalf("source %v:%d, masquerade %v, want %v", p.Src, p.SrcPort, masq, c.masq)
@@ -174,7 +194,7 @@ func TestPacketFlows(t *testing.T) {
 				}
 			case Reply:
 				p := parse(t, f[:v.Len])
-				if p.Dst != c.src || h.proc.NextHop() != c.src || p.Src != addr(c.dst) {
+				if p.Dst != c.src || h.proc.Destination() != c.src || p.Src != addr(c.dst) {
 					t.Fatalf("reply %v -> %v, want %v -> %v", p.Src, p.Dst, c.dst, c.src)
 				}
 				if c.proto == packet.ProtoTCP && p.TCPFlags&packet.TCPRst == 0 {
@@ -203,7 +223,7 @@ func TestReplyDirection(t *testing.T) {
 			t.Fatalf("reply verdict %v/%v", v.Action, v.Reason)
 		}
 		back := parse(t, reply[:v.Len])
-		if back.Src != vip || back.SrcPort != 80 || back.Dst != client || back.DstPort != 41000 || h.proc.NextHop() != client {
+		if back.Src != vip || back.SrcPort != 80 || back.Dst != client || back.DstPort != 41000 || h.proc.Destination() != client {
 			t.Fatalf("reply became %v:%d -> %v:%d", back.Src, back.SrcPort, back.Dst, back.DstPort)
 		}
 		// The flow is established now: the next client packet keeps its backend.
@@ -235,8 +255,8 @@ func TestICMPErrorFromBackendPath(t *testing.T) {
 		ip, &layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(3, 4), Seq: 1400}, gopacket.Payload(quote))
 	icmp := append(make([]byte, 0, 2048), buf.Bytes()...)
 	v = h.proc.Process(icmp, 2)
-	if v.Action != Forward || h.proc.NextHop() != outside {
-		t.Fatalf("verdict %v/%v to %v", v.Action, v.Reason, h.proc.NextHop())
+	if v.Action != Forward || h.proc.Destination() != outside {
+		t.Fatalf("verdict %v/%v to %v", v.Action, v.Reason, h.proc.Destination())
 	}
 	p := parse(t, icmp[:v.Len])
 	if p.Src != router || p.Dst != outside || p.Inner.Src != outside || p.Inner.SrcPort != 42000 || p.Inner.Dst != vip || p.Inner.DstPort != 80 {

@@ -16,7 +16,8 @@ const (
 	// instead when it came from the exception link itself (handing it
 	// back would loop) or there is no exception link (DropNoKernelPath).
 	Pass
-	// Forward transmits the rewritten frame toward Verdict.NextHop.
+	// Forward transmits the rewritten frame toward the processor's
+	// Destination.
 	Forward
 	// Reply transmits a reply built in place (TCP reset, ICMP
 	// unreachable) back toward the sender, Verdict.Len bytes long.
@@ -38,14 +39,14 @@ func (a Action) String() string {
 }
 
 // Verdict is the result of processing one frame. The destination to
-// route a Forward or Reply frame to is the processor's NextHop.
+// route a Forward or Reply frame to is the processor's Destination.
 //
-// A Verdict is three words so that it is returned in registers: with the
-// next hop's 16 bytes in it, it was returned in memory and copied on the
+// A Verdict is three scalar fields so that it is returned in registers: with
+// the next hop's 16 bytes in it, it was returned in memory and copied on the
 // way from fastV4 to the worker, each copy reading in 16-byte pieces the
 // fields just written one by one, and on amd64 such a load waits for the
-// stores to reach the cache (a failed store-to-load forward): a tenth of
-// an established packet's cost.
+// stores to reach the cache (a failed store-to-load forward): a tenth of an
+// established packet's cost.
 type Verdict struct {
 	Action Action
 	Reason packet.Reason

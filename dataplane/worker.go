@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/xdproxy/xdproxy/nat/conntrack"
+	"github.com/xdproxy/xdproxy/nat/cpu"
 	"github.com/xdproxy/xdproxy/nat/packet"
 	"github.com/xdproxy/xdproxy/xdp"
 	"github.com/xdproxy/xdproxy/xdp/afxdp"
@@ -241,7 +242,7 @@ func (w *Worker) idle() {
 			w.spin.caught(monotonicNow() - start)
 			return
 		}
-		cpuRelax()
+		cpu.Relax()
 		if i&3 == 3 {
 			if w.stop.Load() {
 				return
@@ -389,7 +390,14 @@ func (w *Worker) prepareBatch(descs []afxdp.Desc) {
 	}
 	for i, d := range descs {
 		if p.pre[i].fresh {
-			p.predictNewFlow(i, sock.Frame(d))
+			p.lookService(i, sock.Frame(d))
+		}
+	}
+	p.locateFrontend(len(descs))
+	p.prefetchSelect(len(descs))
+	for i := range descs {
+		if p.pre[i].fresh {
+			p.predictNewFlow(i)
 		}
 	}
 	p.prefetchInserts(len(descs))

@@ -88,10 +88,15 @@ func (x *keyIndex) insert(k Key, pos int) bool {
 
 // find returns the position of the key (addr, port, proto), or -1.
 func (x *keyIndex) find(addr *packet.Addr, port uint16, proto packet.Proto) int {
+	return x.findHashed(hashParts(addr, port, proto), addr, port, proto)
+}
+
+// findHashed is find of a key whose hash the caller computed.
+func (x *keyIndex) findHashed(h uint64, addr *packet.Addr, port uint16, proto packet.Proto) int {
 	if len(x.slots) == 0 {
 		return -1
 	}
-	for i := hashParts(addr, port, proto) & x.mask; ; i = (i + 1) & x.mask {
+	for i := h & x.mask; ; i = (i + 1) & x.mask {
 		s := &x.slots[i]
 		if s.pos == 0 {
 			return -1

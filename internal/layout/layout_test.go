@@ -22,6 +22,7 @@ var layers = []struct {
 	rank     int
 	packages []string
 }{
+	{"machine instructions", 5, []string{"nat/cpu"}},
 	{"packet types", 10, []string{"nat/packet"}},
 	{"translation", 20, []string{"nat", "nat/conntrack"}},
 	{"kernel-facing", 30, []string{"xdp", "xdp/afxdp", "xdp/socklb"}},

@@ -4,6 +4,8 @@ import (
 	"math/bits"
 	"time"
 	"unsafe"
+
+	"github.com/xdproxy/xdproxy/nat/cpu"
 )
 
 // This file is the table's side of a cache in front of it (a worker's
@@ -65,7 +67,7 @@ func (t *Table) Stamp(h Handle) (uint64, bool) {
 // hash h starts.
 func (t *Table) PrefetchSlot(h uint64) {
 	arr := t.shardOf(h).index.Load()
-	prefetch(uintptr(unsafe.Pointer(&arr.slots[h&arr.mask])))
+	cpu.Prefetch(uintptr(unsafe.Pointer(&arr.slots[h&arr.mask])))
 }
 
 // PrefetchLookup reads the index slot where the lookup of a key with hash
@@ -107,8 +109,8 @@ func (t *Table) PrefetchInsert(h uint64) {
 
 func (t *Table) prefetchEntry(i uint32) {
 	p := uintptr(unsafe.Pointer(&t.entries[i]))
-	prefetch(p)
-	prefetch(p + entrySize/2)
+	cpu.Prefetch(p)
+	cpu.Prefetch(p + entrySize/2)
 }
 
 // defaultSweepInterval is Config.SweepInterval's default. A pass over a

@@ -68,8 +68,9 @@
 // entry still holds that very flow, live and not expired, however often it
 // was reused meanwhile; a cached translation can never outlive its flow.
 // PrefetchSlot, PrefetchLookup and PrefetchFlow prefetch what a lookup or
-// an update of the next packets will read, for callers that work through
-// a batch.
+// an update of the next packets will read, and PrefetchInsert the entry an
+// insert will fill, for callers that work through a batch. LookupKey fills
+// the caller's Flow in place.
 //
 // # Who writes what
 //
@@ -94,12 +95,22 @@
 // otherwise, advanced by 2 per insert. A reader loads it, loads the key and
 // the other fields, loads it again, and accepts the entry only if both
 // loads are equal and even, the full key matches, the state is not free
-// and the deadline is after now. All these accesses are atomic, so this is
-// well defined under the Go memory model (and the race detector agrees):
-// sequentially consistent atomics make a reader that saw the same even value
-// twice see only values written before that value was stored. Inserts
-// publish the index slots after the entry is complete, so a slot never
-// leads to a half-written entry of its own flow.
+// and the deadline is after now. The reader's accesses are atomic loads.
+// The writer, which holds the shard locks, needs only that its stores are
+// seen in the order it makes them: the odd sequence number, the entry's
+// words, the even sequence number, the index slots. The odd sequence
+// number is an atomic Store (a full barrier); the rest are storeRelease:
+// atomic.Uint64.Store in race builds and off amd64 (an STLR on arm64), and
+// a plain store on amd64, where the processor makes stores visible in
+// program order and Store would be an XCHG, 13 more full barriers per
+// insert. That the compiler keeps plain stores in order is how gc works,
+// not a rule of the memory model (release_amd64.go says what it relies
+// on); race builds, where the race detector checks this protocol, use
+// atomic stores throughout.
+// A reader that saw the same even value twice thus saw only values written
+// before that value was stored. Inserts publish the index slots after the
+// entry is complete, so a slot never leads to a half-written entry of its
+// own flow.
 //
 // # Deletion, tombstones and reuse
 //

@@ -24,21 +24,16 @@ func MakeKey(t *packet.Tuple) Key { return packKey(t) }
 // are on the wire (addresses in network byte order), without building a
 // packet.Tuple first: MakeKey of the same tuple gives the same Key.
 func KeyV4(src, dst [4]byte, srcPort, dstPort uint16, proto packet.Proto) Key {
-	const v4Mapped = 0xffff << 16 // bytes 10 and 11 of a v4-mapped address
-	return Key{
-		0,
-		v4Mapped | uint64(binary.LittleEndian.Uint32(src[:]))<<32,
-		0,
-		v4Mapped | uint64(binary.LittleEndian.Uint32(dst[:]))<<32,
-		uint64(srcPort)<<48 | uint64(dstPort)<<32 | uint64(proto)<<8 | 1,
-	}
+	var k Key
+	k.SetV4(src, dst, srcPort, dstPort, proto)
+	return k
 }
 
 // SetV4 is KeyV4 written into k in place. Returning a Key through a
 // temporary costs a failed store-to-load forward on amd64: the words are
 // stored one by one and the copy reads them 16 bytes at a time.
 func (k *Key) SetV4(src, dst [4]byte, srcPort, dstPort uint16, proto packet.Proto) {
-	const v4Mapped = 0xffff << 16
+	const v4Mapped = 0xffff << 16 // bytes 10 and 11 of a v4-mapped address
 	k[0] = 0
 	k[1] = v4Mapped | uint64(binary.LittleEndian.Uint32(src[:]))<<32
 	k[2] = 0

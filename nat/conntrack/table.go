@@ -636,8 +636,11 @@ func (t *Table) tryInsert(ko, kr *key, ho, hr, meta uint64, st State, nowMs uint
 	seq := e.seq.Load()
 	// The seqlock's writer side needs its stores seen in order: the odd
 	// sequence number before the words, the words before the even one
-	// and the index slots. Release stores give that (storeRelease).
-	storeRelease(&e.seq, seq+1)
+	// and the index slots (doc.go). The odd one is a full barrier: a
+	// plain store there could also be dropped by the compiler as dead,
+	// with the even store to the same word following. The rest are
+	// release stores (storeRelease).
+	e.seq.Store(seq + 1)
 	for i := range keyWords {
 		storeRelease(&e.orig[i], ko[i])
 		storeRelease(&e.reply[i], kr[i])

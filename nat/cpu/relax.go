@@ -1,9 +1,9 @@
 //go:build amd64 || arm64
 
-package dataplane
+package cpu
 
-// cpuRelax tells the CPU that the caller spins on a memory location (PAUSE
+// Relax tells the CPU that the caller spins on a memory location (PAUSE
 // on amd64, YIELD on arm64): it saves power, leaves the core's resources to
 // a sibling hyperthread, and avoids the pipeline flush when the location
 // changes. The idle spin of a worker calls it between checks of its ring.
-func cpuRelax()
+func Relax()

@@ -1,6 +1,0 @@
-#include "textflag.h"
-
-// func cpuRelax()
-TEXT ·cpuRelax(SB), NOSPLIT|NOFRAME, $0-0
-	PAUSE
-	RET

@@ -1,6 +1,0 @@
-//go:build !amd64 && !arm64
-
-package dataplane
-
-// cpuRelax is a no-op where there is no spin-wait hint; see relax.go.
-func cpuRelax() {}

@@ -1,0 +1,6 @@
+#include "textflag.h"
+
+// func Relax()
+TEXT ·Relax(SB), NOSPLIT|NOFRAME, $0-0
+	YIELD
+	RET
