@@ -134,7 +134,12 @@ type Engine struct {
 	// passes found in the XDP flow map (FlowTableStats).
 	flowEntries               atomic.Int64
 	flowRemoved, flowRestored atomic.Uint64
-	synGuardOn                atomic.Bool
+	// inFlowMap is reconcileOnce's set of the tuples in the flow map,
+	// reused from pass to pass; reconcileMu keeps passes one at a time
+	// (the reconciler's, and tests').
+	reconcileMu sync.Mutex
+	inFlowMap   flowSet
+	synGuardOn  atomic.Bool
 	// overrun wakes the SYN guard when an insert found the connection
 	// table full (conntrack's OnOverrun).
 	overrun chan struct{}
@@ -1167,18 +1172,21 @@ func (e *Engine) FlowTableStats() FlowTableStats {
 // reconcileOnce makes one pass and returns how many tuples it removed and
 // how many it put back.
 func (e *Engine) reconcileOnce() (removed, restored int, err error) {
-	inMap := map[xdp.FlowKey]bool{}
+	e.reconcileMu.Lock()
+	defer e.reconcileMu.Unlock()
+	inMap := &e.inFlowMap
+	inMap.reset()
 	defer func() {
 		e.flowRemoved.Add(uint64(removed))
 		e.flowRestored.Add(uint64(restored))
 		if err == nil {
-			e.flowEntries.Store(int64(len(inMap) - removed + restored))
+			e.flowEntries.Store(int64(inMap.len() - removed + restored))
 		}
 	}()
 	now := monotonicNow()
 	var stale []xdp.FlowKey
 	err = e.tables.ForEachFlow(func(k xdp.FlowKey) bool {
-		inMap[k] = true
+		inMap.add(&k)
 		if _, _, ok := e.ct.Lookup(packet.Tuple(k), now); !ok {
 			stale = append(stale, k)
 		}
@@ -1195,7 +1203,7 @@ func (e *Engine) reconcileOnce() (removed, restored int, err error) {
 	w := e.tables.NewFlowWriter(256)
 	for f := range e.ct.All(now) {
 		k := xdp.FlowKey(f.Reply())
-		if inMap[k] {
+		if inMap.has(&k) {
 			continue
 		}
 		if !w.Add(k) {
