@@ -148,16 +148,17 @@ func (p *Processor) prefetchLookups(n int) (fresh bool) {
 // prefetches it, prefetchSelect prefetches what the backend choice reads
 // of it, and predictNewFlow decides.
 
-// lookService reads the tuple of a fresh frame (the i-th of the batch;
-// quickKey's: untagged IPv4 TCP or UDP) and prefetches the service index
-// slot of its destination.
-func (p *Processor) lookService(i int, frame []byte) {
-	pre := &p.pre[i]
-	o := &pre.orig
-	o.Src, o.Dst = packet.AddrFrom4([4]byte(frame[26:30])), packet.AddrFrom4([4]byte(frame[30:34]))
-	o.SrcPort, o.DstPort = binary.BigEndian.Uint16(frame[34:36]), binary.BigEndian.Uint16(frame[36:38])
-	o.Proto = packet.Proto(frame[23])
-	pre.svcHash = p.table.PrefetchLookup(o.Proto, &o.Dst, o.DstPort)
+// lookService unpacks the tuple of each fresh frame of the batch (n
+// frames) from the key prepare read, and prefetches the service index slot
+// of its destination.
+func (p *Processor) lookService(n int) {
+	for i := range n {
+		if pre := &p.pre[i]; pre.fresh {
+			pre.orig = pre.key.Tuple()
+			o := &pre.orig
+			pre.svcHash = p.table.PrefetchLookup(o.Proto, &o.Dst, o.DstPort)
+		}
+	}
 }
 
 // locateFrontend finds the frontends of the batch's fresh frames (n

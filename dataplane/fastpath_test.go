@@ -366,12 +366,12 @@ func TestPredictedChoiceIsNewFlowsChoice(t *testing.T) {
 	if !p.prefetchLookups(n) {
 		t.Fatal("no frame of the batch is fresh")
 	}
-	for i, f := range frames {
+	for i := range frames {
 		if !p.pre[i].fresh {
 			t.Fatalf("frame %d of a new flow is not fresh", i)
 		}
-		p.lookService(i, f)
 	}
+	p.lookService(n)
 	p.locateFrontend(n)
 	p.prefetchSelect(n)
 	for i := range frames {

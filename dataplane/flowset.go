@@ -61,29 +61,28 @@ func (s *flowSet) has(k *xdp.FlowKey) bool {
 		return false
 	}
 	h := flowSetHash(k)
-	mask := uint64(len(s.slots) - 1)
-	for i := h & mask; ; i = (i + 1) & mask {
-		switch s.slots[i] {
-		case h:
-			return true
-		case 0:
-			return false
-		}
-	}
+	return *s.slot(h) == h
 }
 
 // len is the number of distinct hashes in the set.
 func (s *flowSet) len() int { return s.n }
 
+// insert puts h in the table and reports whether it was not there yet.
 func (s *flowSet) insert(h uint64) bool {
+	p := s.slot(h)
+	if *p == h {
+		return false
+	}
+	*p = h
+	return true
+}
+
+// slot is the slot holding h, or the empty slot where it goes.
+func (s *flowSet) slot(h uint64) *uint64 {
 	mask := uint64(len(s.slots) - 1)
 	for i := h & mask; ; i = (i + 1) & mask {
-		switch s.slots[i] {
-		case h:
-			return false
-		case 0:
-			s.slots[i] = h
-			return true
+		if v := s.slots[i]; v == h || v == 0 {
+			return &s.slots[i]
 		}
 	}
 }

@@ -79,6 +79,13 @@ func newHarness(t testing.TB, m *service.Model, capacity int) *harness {
 // frame builds an Ethernet/IPv4 frame with valid checksums.
 func frame(t testing.TB, proto packet.Proto, src, dst packet.Addr, sport, dport uint16, tcpFlags uint8, payload []byte) []byte {
 	t.Helper()
+	return frameWithOptions(t, proto, src, dst, sport, dport, tcpFlags, payload, nil)
+}
+
+// frameWithOptions is frame with TCP options.
+func frameWithOptions(t testing.TB, proto packet.Proto, src, dst packet.Addr, sport, dport uint16, tcpFlags uint8, payload []byte,
+	opts []layers.TCPOption) []byte {
+	t.Helper()
 	ip := &layers.IPv4{Version: 4, TTL: 64, Id: 1, SrcIP: net.IP(src.Netip().AsSlice()), DstIP: net.IP(dst.Netip().AsSlice())}
 	eth := &layers.Ethernet{SrcMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}, DstMAC: net.HardwareAddr{2, 0, 0, 0, 0, 2}, EthernetType: layers.EthernetTypeIPv4}
 	var l4 gopacket.SerializableLayer
@@ -86,7 +93,8 @@ func frame(t testing.TB, proto packet.Proto, src, dst packet.Addr, sport, dport 
 	case packet.ProtoTCP:
 		ip.Protocol = layers.IPProtocolTCP
 		tcp := &layers.TCP{SrcPort: layers.TCPPort(sport), DstPort: layers.TCPPort(dport), Seq: 100, Window: 1000,
-			SYN: tcpFlags&packet.TCPSyn != 0, ACK: tcpFlags&packet.TCPAck != 0, FIN: tcpFlags&packet.TCPFin != 0, RST: tcpFlags&packet.TCPRst != 0}
+			SYN: tcpFlags&packet.TCPSyn != 0, ACK: tcpFlags&packet.TCPAck != 0, FIN: tcpFlags&packet.TCPFin != 0, RST: tcpFlags&packet.TCPRst != 0,
+			Options: opts}
 		_ = tcp.SetNetworkLayerForChecksum(ip)
 		l4 = tcp
 	case packet.ProtoUDP:
@@ -110,20 +118,9 @@ func frame(t testing.TB, proto packet.Proto, src, dst packet.Addr, sport, dport 
 // option (shift) after a no-op.
 func synWithWScale(t testing.TB, src, dst packet.Addr, sport, dport uint16, shift uint8) []byte {
 	t.Helper()
-	ip := &layers.IPv4{Version: 4, TTL: 64, Id: 1, Protocol: layers.IPProtocolTCP,
-		SrcIP: net.IP(src.Netip().AsSlice()), DstIP: net.IP(dst.Netip().AsSlice())}
-	eth := &layers.Ethernet{SrcMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}, DstMAC: net.HardwareAddr{2, 0, 0, 0, 0, 2}, EthernetType: layers.EthernetTypeIPv4}
-	tcp := &layers.TCP{SrcPort: layers.TCPPort(sport), DstPort: layers.TCPPort(dport), Seq: 100, Window: 1000, SYN: true,
-		Options: []layers.TCPOption{{OptionType: layers.TCPOptionKindNop},
-			{OptionType: layers.TCPOptionKindWindowScale, OptionLength: 3, OptionData: []byte{shift}}}}
-	_ = tcp.SetNetworkLayerForChecksum(ip)
-	buf := gopacket.NewSerializeBuffer()
-	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}, eth, ip, tcp); err != nil {
-		t.Fatal(err)
-	}
-	out := make([]byte, len(buf.Bytes()), 2048)
-	copy(out, buf.Bytes())
-	return out
+	return frameWithOptions(t, packet.ProtoTCP, src, dst, sport, dport, packet.TCPSyn, nil, []layers.TCPOption{
+		{OptionType: layers.TCPOptionKindNop},
+		{OptionType: layers.TCPOptionKindWindowScale, OptionLength: 3, OptionData: []byte{shift}}})
 }
 
 func parse(t testing.TB, f []byte) packet.Packet {

@@ -388,11 +388,7 @@ func (w *Worker) prepareBatch(descs []afxdp.Desc) {
 	if !p.prefetchLookups(len(descs)) {
 		return
 	}
-	for i, d := range descs {
-		if p.pre[i].fresh {
-			p.lookService(i, sock.Frame(d))
-		}
-	}
+	p.lookService(len(descs))
 	p.locateFrontend(len(descs))
 	p.prefetchSelect(len(descs))
 	for i := range descs {
