@@ -212,7 +212,19 @@ func Start(cfg EngineConfig) (_ *Engine, err error) {
 		return nil, err
 	}
 	if cfg.StateDir != "" {
-		e.log.Info("connection table", "state", e.ct.Restored().String())
+		info := e.ct.Restored()
+		e.log.Info("connection table", "state", info.String(), "hugePages", info.HugePages)
+		m, _ := conntrack.StateDirMountOf(cfg.StateDir)
+		switch {
+		case !conntrack.OnTmpfs(cfg.StateDir):
+			e.log.Warn("the connection table's state file is not on a tmpfs: the kernel writes the table back to "+
+				"disk as it changes; mount a tmpfs with huge pages there first (xdproxy mount-state-dir)",
+				"stateDir", cfg.StateDir, "mount", m.String())
+		case !info.HugePages:
+			e.log.Warn("the connection table's state file is on 4 KiB pages: new flows and lookups pay TLB misses "+
+				"(about twice the cost of an insert); mount a tmpfs with huge pages there first (xdproxy mount-state-dir)",
+				"stateDir", cfg.StateDir, "mount", m.String())
+		}
 	}
 	capAff := cfg.AffinityCapacity
 	if capAff == 0 {

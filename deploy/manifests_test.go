@@ -113,7 +113,9 @@ func TestManifestsAcceptedByAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := kubetest.Start(t, kubetest.Options{})
+	// As a cluster's API server runs (kubeadm's default): the init
+	// container that mounts the state directory is privileged.
+	c := kubetest.Start(t, kubetest.Options{APIServerArgs: []string{"--allow-privileged=true"}})
 	out, err := c.Kubectl("apply", "--dry-run=server", "--validate=strict", "-o", "name", "-f", path)
 	if err != nil {
 		t.Fatalf("the API server rejects %s: %v\n%s", daemonSetFile, err, out)
@@ -234,5 +236,45 @@ func TestDaemonSetRunsTheBinaryWithoutAShell(t *testing.T) {
 	}
 	if !ds.Spec.Template.Spec.HostNetwork {
 		t.Error("hostNetwork is off: the agent attaches to the node's NICs")
+	}
+}
+
+// The init container mounts the state directory's tmpfs on the node: it
+// runs xdproxy mount-state-dir on the agent's config, from the agent's
+// image, and its mount of the hostPath propagates back to the node.
+func TestDaemonSetMountsTheStateDir(t *testing.T) {
+	ds, agent := daemonSet(t)
+	var init *corev1.Container
+	for i := range ds.Spec.Template.Spec.InitContainers {
+		if c := &ds.Spec.Template.Spec.InitContainers[i]; slices.Contains(c.Args, "mount-state-dir") {
+			init = c
+		}
+	}
+	if init == nil {
+		t.Fatal("no init container runs xdproxy mount-state-dir")
+	}
+	if init.Image != agent.Image || !slices.Equal(init.Command, []string{binaryPath}) {
+		t.Errorf("init container runs %q from %s, want [%s] from the agent's image %s", init.Command, init.Image, binaryPath, agent.Image)
+	}
+	wantArgs := []string{"mount-state-dir", "--config=/etc/xdproxy/xdproxy.yaml", "--node-name=$(NODE_NAME)"}
+	if !slices.Equal(init.Args, wantArgs) {
+		t.Errorf("init container args %q, want %q", init.Args, wantArgs)
+	}
+	if init.SecurityContext == nil || init.SecurityContext.Privileged == nil || !*init.SecurityContext.Privileged {
+		t.Error("init container is not privileged: Bidirectional mount propagation needs it")
+	}
+	var run *corev1.VolumeMount
+	for i := range init.VolumeMounts {
+		if init.VolumeMounts[i].MountPath == "/run/xdproxy" {
+			run = &init.VolumeMounts[i]
+		}
+	}
+	if run == nil || run.MountPropagation == nil || *run.MountPropagation != corev1.MountPropagationBidirectional {
+		t.Errorf("init container mounts /run/xdproxy as %+v, want Bidirectional propagation", run)
+	}
+	for _, m := range agent.VolumeMounts {
+		if m.MountPath == "/run/xdproxy" && run != nil && m.Name != run.Name {
+			t.Errorf("the agent's /run/xdproxy is volume %s, the init container's %s", m.Name, run.Name)
+		}
 	}
 }

@@ -137,6 +137,14 @@ func startXDProxy(cfg *Config, t *topo.Topology, path string, set kernelrules.Se
 	if err := os.WriteFile(cfgFile, []byte(binaryConfig(o)), 0o644); err != nil {
 		return nil, err
 	}
+	// The state file on a tmpfs with huge pages, as deploy/daemonset.yaml's
+	// init container (xdproxy mount-state-dir) gives it. Mounted here, in
+	// this process's mount namespace, and not by the binary measured, so
+	// that any binary gets it: ip netns exec gives its command a mount
+	// namespace of its own, and a mount made there would go with it.
+	if err := mountStateDir(filepath.Join(dir, "state")); err != nil {
+		return nil, err
+	}
 	x.cmd = exec.Command("ip", "netns", "exec", t.Node, "nice", "-n", strconv.Itoa(cfg.Nice), cfg.XDProxyBin, "run", "--config", cfgFile)
 	x.cmd.Stdout, x.cmd.Stderr = x.logs, x.logs
 	if err := x.cmd.Start(); err != nil {
@@ -175,7 +183,7 @@ func removeDirs(root string, stale bool) {
 		}
 		alive := syscall.Kill(pid, 0) == nil
 		if stale && !alive || !stale && pid == os.Getpid() {
-			_ = os.RemoveAll(filepath.Join(root, e.Name()))
+			removeDir(filepath.Join(root, e.Name()))
 		}
 	}
 }
@@ -325,8 +333,27 @@ func (x *xdproxyProc) stop() string {
 		}
 		x.cmd = nil
 	}
-	_ = os.RemoveAll(x.dir)
+	removeDir(x.dir)
 	return summary
+}
+
+// mountStateDir mounts a tmpfs with huge pages at dir, with the options of
+// xdproxy mount-state-dir (conntrack.StateMountOptions).
+func mountStateDir(dir string) error {
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return err
+	}
+	if err := syscall.Mount("xdproxy-bench-state", dir, "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC, "huge=within_size,mode=0700"); err != nil {
+		return fmt.Errorf("mounting a tmpfs for the state file at %s: %w", dir, err)
+	}
+	return nil
+}
+
+// removeDir removes a variant's directory, unmounting its state
+// directory's tmpfs first (see startXDProxy).
+func removeDir(dir string) {
+	_ = syscall.Unmount(filepath.Join(dir, "state"), syscall.MNT_DETACH)
+	_ = os.RemoveAll(dir)
 }
 
 // statsSummary shortens an admin /stats reply to the counters that say

@@ -169,6 +169,9 @@ type agentOptions struct {
 	cpus      []int  // per queue, for both interfaces
 	cgroup    string // the cgroup for local clients; "": none
 	extraCfg  string
+	// mountState mounts the state directory with xdproxy mount-state-dir
+	// first, as the DaemonSet's init container does.
+	mountState bool
 }
 
 func writeFileAtomic(t *testing.T, path, content string) {
@@ -247,6 +250,15 @@ bpffsDir: %s
 %s`, ifaceLine(tb.NodeClientSide().Iface), ifaceLine(tb.NodeLANSide().Iface), sourceCfg, o.clusterCIDR, a.admin,
 		stateDir, pins, localClients, o.extraCfg)
 	writeFileAtomic(t, a.config, cfg)
+	if o.mountState {
+		// In this process's mount namespace, where the agent runs too
+		// (testbed.StartIn changes only the network namespace).
+		out, err := xdproxyCommand("mount-state-dir", "--config", a.config).CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "mounted tmpfs") {
+			t.Fatalf("xdproxy mount-state-dir: %v: %s", err, out)
+		}
+		t.Cleanup(func() { _ = unix.Unmount(stateDir, unix.MNT_DETACH) }) // after a.stop below
+	}
 	a.start()
 	t.Cleanup(func() { a.stop() })
 	return a

@@ -32,6 +32,11 @@ const usage = `usage:
   xdproxy cleanup --config FILE
         remove what xdproxy keeps for its next start: pinned XDP programs
         (detaching them), state files, the exception link
+  xdproxy mount-state-dir --config FILE [--node-name NAME]
+        mount a tmpfs with huge pages at the config's stateDir unless one
+        is mounted there, so that the connection table's state file gets
+        huge pages (run before xdproxy run; deploy/daemonset.yaml's init
+        container)
   xdproxy version
 `
 
@@ -57,6 +62,8 @@ func main() {
 		err = adminCmd(os.Args[2:])
 	case "cleanup":
 		err = cleanupCmd(os.Args[2:])
+	case "mount-state-dir":
+		err = mountStateDirCmd(os.Args[2:])
 	case "version":
 		fmt.Println("xdproxy", version)
 	case "-h", "--help", "help":
@@ -71,7 +78,7 @@ func main() {
 	}
 }
 
-// loadConfig parses the flags of run, check and cleanup and loads the
+// loadConfig parses the flags of run, check, cleanup and mount-state-dir and loads the
 // config file they name, for this host.
 func loadConfig(name string, args []string) (*config.Config, slog.Level, error) {
 	fs := flag.NewFlagSet(name, flag.ExitOnError)
@@ -120,6 +127,19 @@ func cleanupCmd(args []string) error {
 		return err
 	}
 	fmt.Println("cleaned up")
+	return nil
+}
+
+func mountStateDirCmd(args []string) error {
+	cfg, _, err := loadConfig("mount-state-dir", args)
+	if err != nil {
+		return err
+	}
+	what, err := agent.MountStateDir(cfg)
+	if err != nil {
+		return fmt.Errorf("mount-state-dir: %w", err)
+	}
+	fmt.Println(what)
 	return nil
 }
 

@@ -41,7 +41,9 @@ func TestHitlessRestartAndUpgrade(t *testing.T) {
 	if out, err := tb.Exec(tb.ClientNS(), "ip", "addr", "add", outsideClient.String()+"/24", "dev", tb.Client().Iface); err != nil {
 		t.Fatalf("second client address: %v %s", err, out)
 	}
-	a := newAgent(t, tb, serviceFile(echoSvc, dnsSvc), agentOptions{clusterCIDR: "198.18.0.0/25"})
+	// The state directory as a node has it: a tmpfs with huge pages.
+	a := newAgent(t, tb, serviceFile(echoSvc, dnsSvc), agentOptions{clusterCIDR: "198.18.0.0/25", mountState: true})
+	checkHugePages(t, a)
 
 	const conns = 50
 	var streams []*tcpStream
@@ -254,7 +256,21 @@ func checkAdopted(t *testing.T, a *daemon) int {
 		return 0
 	}
 	n, _ := strconv.Atoi(m[1])
+	checkHugePages(t, a)
 	return n
+}
+
+// checkHugePages checks, in the log of the process just started, that its
+// connection table's state file is on a tmpfs (the one mount-state-dir
+// made) and on huge pages, where the kernel has them.
+func checkHugePages(t *testing.T, a *daemon) {
+	t.Helper()
+	if _, err := os.Stat("/sys/kernel/mm/transparent_hugepage/enabled"); err != nil {
+		return // no transparent huge pages in this kernel
+	}
+	if log := a.log.String(); !strings.Contains(log, "hugePages=true") || strings.Contains(log, "state file is not on a tmpfs") {
+		t.Errorf("the connection table's state file is not on a tmpfs with huge pages:\n%s", log)
+	}
 }
 
 // startBuild is daemon.start with another xdproxy binary: it starts it in

@@ -235,3 +235,22 @@ func Cleanup(cfg *config.Config) error {
 	}
 	return errors.Join(errs...)
 }
+
+// MountStateDir mounts a tmpfs with huge pages at the config's state
+// directory, unless something is mounted there already, and says what is
+// there (xdproxy mount-state-dir, run before xdproxy run; see
+// conntrack.MountStateDir for why).
+func MountStateDir(cfg *config.Config) (string, error) {
+	if cfg.StateDir == "" {
+		return "", errors.New("the config has no stateDir")
+	}
+	m, err := conntrack.MountStateDir(cfg.StateDir)
+	if err != nil {
+		return "", err
+	}
+	s := fmt.Sprintf("%s: %s", cfg.StateDir, m)
+	if !m.HugePages() {
+		s += "; files there get 4 KiB pages, not huge ones"
+	}
+	return s, nil
+}

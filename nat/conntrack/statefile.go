@@ -70,6 +70,10 @@ type RestoreInfo struct {
 	Expired int // flows past their deadline, freed (OnRemove was called)
 	Torn    int // entries a writer was filling when its process ended, freed
 	Invalid int // entries that failed validation (bad key, shard, generation, duplicate), freed
+	// HugePages is true when the file's mapping is on huge pages (see
+	// MountStateDir); false on 4 KiB pages, which cost the per-packet
+	// path TLB misses.
+	HugePages bool
 }
 
 func (r RestoreInfo) String() string {
@@ -182,6 +186,8 @@ func (t *Table) openState(cfg Config) error {
 	if err != nil {
 		return fail(fmt.Errorf("conntrack: mapping state file: %w", err))
 	}
+	prepareMapped(data)
+	info.HugePages = mappedHuge(data)
 	t.state = &stateFile{f: f, data: data}
 	t.entries = unsafe.Slice((*entry)(unsafe.Pointer(&data[stateHeaderSize])), capacity)
 	if fresh {

@@ -193,6 +193,13 @@ localClients: {cgroup: %s}   # the demo node's cgroup: its pods and host process
 	if err := os.WriteFile(cfgFile, []byte(cfg), 0o644); err != nil {
 		return err
 	}
+	step("giving the connection table huge pages, as the DaemonSet's init container does: %s mount-state-dir --config %s", xdproxy, cfgFile)
+	mounted, err := exec.Command(xdproxy, "mount-state-dir", "--config", cfgFile).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("xdproxy mount-state-dir: %v: %s", err, mounted)
+	}
+	fmt.Print(indent(string(mounted)))
+	defer unix.Unmount(filepath.Join(dir, "state"), unix.MNT_DETACH)
 	step("running xdproxy on the node: %s run --config %s", xdproxy, cfgFile)
 	fmt.Print(indent(cfg))
 	var logBuf bytes.Buffer
