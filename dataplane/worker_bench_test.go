@@ -244,6 +244,34 @@ func BenchmarkWorkerNewFlow(b *testing.B) {
 	}
 }
 
+// BenchmarkWorkerNewFlowFull is BenchmarkWorkerNewFlow with the table
+// full, as a flood of new flows keeps it: every new flow evicts an
+// unassured one (conntrack's early drop) and its index fills with
+// tombstones that rebuilds clear.
+func BenchmarkWorkerNewFlowFull(b *testing.B) {
+	const capacity = 1 << 16
+	bw := newBenchWorld(b, 1, capacity)
+	i := 0
+	next := func() int { i++; return i % (1 << 22) }
+	for range 2 * capacity / benchBatch {
+		bw.feedFlows(benchBatch, packet.TCPSyn, next)
+		bw.turn()
+	}
+	if st := bw.ct.Stats(); st.EvictedUnassured == 0 {
+		b.Fatalf("the table is not evicting: %+v", st)
+	}
+	var m packetMeter
+	b.ReportAllocs()
+	b.ResetTimer()
+	m.start()
+	for b.Loop() {
+		bw.feedFlows(benchBatch, packet.TCPSyn, next)
+		bw.turn()
+		m.pkts += benchBatch
+	}
+	m.report(b)
+}
+
 // BenchmarkWorkerFeed is the benchmarks' own share: writing a batch of
 // frames into the UMEM and recycling them, with no worker. Subtract it
 // from the figures above for the worker alone.

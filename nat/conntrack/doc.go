@@ -176,7 +176,12 @@
 // the oldest (by creation) entry in the window that is not assured,
 // whatever its state (netfilter's early_drop: a SYN flood, unanswered UDP,
 // half-open or half-closed connections without a handshake); failing that,
-// the insert fails with Full (DropConntrackFull). Capacity is per shard, so a
+// the insert fails with Full (DropConntrackFull). An unassured entry at
+// least half as old as the shard's recent victims (a moving average) ends
+// the inspection at once: under a flood the entries at the cursor are the
+// ones it passed longest ago, and reading the whole window for every new
+// flow cost more than the rest of the insert
+// (dataplane.BenchmarkWorkerNewFlowFull). Capacity is per shard, so a
 // table with many shards starts evicting a little before it is full: seen
 // at 97.9% of a 1M-flow table with 64 shards. Everything is counted; see
 // Stats: EvictedExpired, EvictedUnassured and, of those, EvictedUnreplied.

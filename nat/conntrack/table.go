@@ -247,6 +247,9 @@ type shard struct {
 	// entries past it (an idle node's large table is mostly never used).
 	touched     atomic.Uint32
 	evictCursor uint32
+	// victimAgeMs is a moving average of the age of the unassured flows
+	// evicted from the shard (evictLocked). Guarded by mu.
+	victimAgeMs uint64
 	used        int // non-empty slots: live and tombstones
 	tombs       int
 	live        atomic.Int64
@@ -844,6 +847,16 @@ func (t *Table) evictLocked(so, sr *shard, nowMs uint64, g *gone) (uint32, bool)
 	var victim uint32
 	var victimTimer, victimCreated uint64
 	found := false
+	// An unassured flow at least half as old as the shard's recent
+	// victims is taken at once, without reading the rest of the window:
+	// under a flood that fills the table, the cursor's next entries are
+	// the flows it passed longest ago (each victim's entry goes to a new
+	// flow behind the cursor), so the first one is about the oldest, and
+	// reading the whole window for every new flow cost more than the rest
+	// of the insert (BenchmarkWorkerNewFlowFull). Younger flows ahead of
+	// the cursor (entries freed by the sweep and taken again) are passed
+	// over as before, in favour of the window's oldest.
+	ripe := so.victimAgeMs / 2
 	for range min(t.window, int(so.count)) {
 		idx := so.first + so.evictCursor
 		so.evictCursor++
@@ -865,10 +878,22 @@ func (t *Table) evictLocked(so, sr *shard, nowMs uint64, g *gone) (uint32, bool)
 		if timerStatus(tm)&statusAssured == 0 {
 			if c := e.created.Load(); !found || c < victimCreated {
 				victim, victimTimer, victimCreated, found = idx, tm, c, true
+				if ripe > 0 && c+ripe <= nowMs {
+					break
+				}
 			}
 		}
 	}
 	if found && t.unlinkLocked(victim, victimTimer, so, sr, g) {
+		age := uint64(1) // 0 would mean no victim yet
+		if victimCreated < nowMs {
+			age = nowMs - victimCreated
+		}
+		if so.victimAgeMs == 0 {
+			so.victimAgeMs = age
+		} else {
+			so.victimAgeMs = (7*so.victimAgeMs + age) / 8
+		}
 		so.c.evictedUnassured.Add(1)
 		if timerStatus(victimTimer)&statusSeenReply == 0 {
 			so.c.evictedUnreplied.Add(1)

@@ -1,6 +1,7 @@
 package conntrack
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -518,6 +519,55 @@ func TestExpiredFlowGivesWayOnInsert(t *testing.T) {
 	}
 	if st := tb.Stats(); st.ExpiredOnInsert != 1 || st.Live != 1 {
 		t.Errorf("stats %+v", st)
+	}
+}
+
+// TestEvictionTakesARipeFlowAtOnce: a full shard's eviction takes the
+// first unassured flow at its cursor that is at least half as old as the
+// shard's recent victims, without reading the rest of the window; a
+// younger one is passed over for the window's oldest.
+func TestEvictionTakesARipeFlowAtOnce(t *testing.T) {
+	for _, c := range []struct {
+		name        string
+		victimAgeMs uint64
+		victim      string
+	}{
+		{"ripe at the cursor", 4000, "g"},    // g, 12 s old, is ripe at 2 s
+		{"young at the cursor", 30000, "f1"}, // g is not ripe at 15 s: the window's oldest goes
+		{"no victims yet", 0, "f1"},          // the whole window, as before
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var removed []packet.Tuple
+			tb := newTable(t, Config{Capacity: 8, OnRemove: func(orig, _ packet.Tuple) { removed = append(removed, orig) }})
+			if len(tb.shards) != 1 {
+				t.Fatalf("%d shards, want 1", len(tb.shards))
+			}
+			flow := func(port uint16) packet.Tuple { return tup(client, port, frontend, 53, packet.ProtoUDP) }
+			names := map[packet.Tuple]string{}
+			var first Handle
+			for i := range 8 { // f0..f7 at 0..7 s, in entries 0..7
+				o := flow(uint16(100 + i))
+				names[o] = fmt.Sprint("f", i)
+				h := mustInsert(t, tb, o, tup(client, uint16(100+i), backend, 53, packet.ProtoUDP), DNAT, 1, int64(i)*sec)
+				if i == 0 {
+					first = h
+				}
+			}
+			// g takes f0's entry, the first at the cursor, at 8 s.
+			tb.Delete(first)
+			removed = nil
+			names[flow(200)] = "g"
+			mustInsert(t, tb, flow(200), tup(client, 200, backend, 53, packet.ProtoUDP), DNAT, 1, 8*sec)
+			tb.shards[0].victimAgeMs = c.victimAgeMs
+			mustInsert(t, tb, flow(300), tup(client, 300, backend, 53, packet.ProtoUDP), DNAT, 1, 20*sec)
+			if len(removed) != 1 || names[removed[0]] != c.victim {
+				var got []string
+				for _, r := range removed {
+					got = append(got, names[r])
+				}
+				t.Fatalf("evicted %v, want %s", got, c.victim)
+			}
+		})
 	}
 }
 
