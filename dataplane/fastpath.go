@@ -231,9 +231,15 @@ func (p *Processor) forgetPredictions(n int) {
 // reply tuple.
 func (p *Processor) prefetchInserts(n int) {
 	ct := p.cfg.Conntrack
+	// Fresh frames of the batch into the same shard take its next free
+	// entries one after another: each prefetches its own.
+	ahead := &p.insertsAhead
+	*ahead = [conntrack.MaxShards]uint16{}
 	for i := range n {
 		if pre := &p.pre[i]; pre.fresh && pre.fe != nil {
-			ct.PrefetchInsert(pre.hash)
+			sh := ct.ShardIndex(pre.hash)
+			ct.PrefetchInsert(pre.hash, int(ahead[sh]))
+			ahead[sh]++
 			if pre.replyKnown {
 				ct.PrefetchSlot(pre.replyHash)
 			}

@@ -361,11 +361,12 @@ func TestKillAndRestart(t *testing.T) {
 }
 
 // TestStopKeepsStateCleanupRemovesIt: SIGTERM exits 0 and keeps what the
-// next process adopts (programs attached, state files, the exception
-// link); xdproxy cleanup removes all of it.
+// next process adopts (programs attached, state files on the tmpfs xdproxy
+// mount-state-dir made, the exception link); xdproxy cleanup removes all
+// of it.
 func TestStopKeepsStateCleanupRemovesIt(t *testing.T) {
 	tb := newTopology(t, testbed.Options{})
-	a := newAgent(t, tb, serviceFile(webSvc), agentOptions{})
+	a := newAgent(t, tb, serviceFile(webSvc), agentOptions{mountState: true})
 	a.stop()
 	attached := func() []string {
 		var on []string
@@ -397,6 +398,9 @@ func TestStopKeepsStateCleanupRemovesIt(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(filepath.Join(a.dir, "state")); len(entries) != 0 {
 		t.Errorf("state files left after cleanup: %v", entries)
+	}
+	if mounts, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(mounts), " "+filepath.Join(a.dir, "state")+" ") {
+		t.Errorf("the state directory's tmpfs (xdproxy mount-state-dir) is still mounted after cleanup")
 	}
 }
 

@@ -210,7 +210,8 @@ func restConfig(k *config.Kubernetes) (*rest.Config, error) {
 
 // Cleanup removes everything xdproxy leaves for its next start: the pinned
 // XDP programs and tables (which detaches the programs), the state files,
-// the SNAT ports it reserved, the exception link and the admin socket. Run it where xdproxy ran, with
+// the SNAT ports it reserved, the tmpfs xdproxy mount-state-dir mounted,
+// the exception link and the admin socket. Run it where xdproxy ran, with
 // xdproxy stopped (xdproxy cleanup).
 func Cleanup(cfg *config.Config) error {
 	var errs []error
@@ -224,6 +225,11 @@ func Cleanup(cfg *config.Config) error {
 			errs = append(errs, err)
 		}
 		if err := os.Remove(filepath.Join(cfg.StateDir, lastModelFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+		// Last, once its files are gone: the tmpfs xdproxy
+		// mount-state-dir made there, if any.
+		if _, err := conntrack.UnmountStateDir(cfg.StateDir); err != nil {
 			errs = append(errs, err)
 		}
 	}

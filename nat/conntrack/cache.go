@@ -96,16 +96,38 @@ func (t *Table) PrefetchFlow(h Handle) {
 // entry), so that the insert's writes do not wait for it. It reads the
 // shard's free list without its lock: another insert may take that entry
 // first, and the prefetch is then wasted, nothing more.
-func (t *Table) PrefetchInsert(h uint64) {
-	sh := t.shardOf(h)
-	if f := sh.freeHead.Load(); f != 0 {
-		if i := f - 1; i < uint32(len(t.entries)) {
-			t.prefetchEntry(i)
-		}
-	} else if u := sh.touched.Load(); u < sh.count {
-		t.prefetchEntry(sh.first + u)
+//
+// ahead is how many inserts into the same shard come before this one (the
+// caller's batch): while the shard takes entries it never used, in order,
+// the ahead-th next one is prefetched; from the free list, only the head
+// is known without reading the list, so a later insert prefetches nothing.
+func (t *Table) PrefetchInsert(h uint64, ahead int) {
+	if i, ok := t.insertEntry(h, ahead); ok {
+		t.prefetchEntry(i)
 	}
 }
+
+// insertEntry is the entry the insert ahead+1 inserts from now into the
+// shard of hash h will fill, when that can be told without the shard's
+// lock (PrefetchInsert).
+func (t *Table) insertEntry(h uint64, ahead int) (uint32, bool) {
+	sh := t.shardOf(h)
+	if f := sh.freeHead.Load(); f != 0 {
+		i := f - 1
+		return i, ahead == 0 && i < uint32(len(t.entries))
+	}
+	if u := uint64(sh.touched.Load()) + uint64(ahead); u < uint64(sh.count) {
+		return sh.first + uint32(u), true
+	}
+	return 0, false
+}
+
+// ShardIndex is the shard of a key with hash h, 0 to MaxShards-1, so that
+// a caller can count the inserts of a batch into each (PrefetchInsert).
+func (t *Table) ShardIndex(h uint64) int { return int((h >> shardShift) & t.shardMask) }
+
+// MaxShards is the most shards a table has.
+const MaxShards = 1 << maxShardBits
 
 func (t *Table) prefetchEntry(i uint32) {
 	p := uintptr(unsafe.Pointer(&t.entries[i]))

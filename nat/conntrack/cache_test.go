@@ -165,3 +165,45 @@ func TestSweepDue(t *testing.T) {
 		t.Error("a call in the past or with no limit swept")
 	}
 }
+
+// TestInsertEntryPredictsInserts: the entries PrefetchInsert prefetches for
+// a batch's inserts into one shard (insertEntry with ahead 0, 1, 2, ...)
+// are the entries those inserts fill, while the shard takes entries it
+// never used; from the free list, only the next insert's is told.
+func TestInsertEntryPredictsInserts(t *testing.T) {
+	tb := newTable(t, Config{Capacity: 4096, shards: 4})
+	orig := func(i int) packet.Tuple { return tup(client, uint16(1000+i), frontend, 80, packet.ProtoUDP) }
+	hashOf := func(i int) uint64 { k := MakeKey(ptr(orig(i))); return tb.Hash(&k) }
+	// A batch of 200 flows: predict each one's entry, by shard, before
+	// any is inserted.
+	ahead := map[int]int{}
+	want := make([]uint32, 200)
+	for i := range want {
+		h := hashOf(i)
+		sh := tb.ShardIndex(h)
+		e, ok := tb.insertEntry(h, ahead[sh])
+		if !ok {
+			t.Fatalf("flow %d: no prediction from unused entries", i)
+		}
+		want[i] = e
+		ahead[sh]++
+	}
+	handles := make([]Handle, len(want))
+	for i := range want {
+		handles[i] = mustInsert(t, tb, orig(i), tup(client, uint16(1000+i), backend, 8080, packet.ProtoUDP), DNAT, 1, 0)
+		if got := handles[i].idx - 1; got != want[i] {
+			t.Fatalf("flow %d filled entry %d, predicted %d", i, got, want[i])
+		}
+	}
+	// Freed entries: the next insert into that shard is told, no later one.
+	tb.Delete(handles[0])
+	h := hashOf(0)
+	if e, ok := tb.insertEntry(h, 0); !ok || e != want[0] {
+		t.Errorf("after a delete: predicted %d, %v; want the freed entry %d", e, ok, want[0])
+	}
+	if _, ok := tb.insertEntry(h, 1); ok {
+		t.Error("after a delete: predicted the second insert's entry from the free list")
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -30,11 +30,16 @@ const StateMountOptions = "huge=within_size,mode=0700"
 type StateDirMount struct {
 	// Mounted is true when MountStateDir mounted it just now.
 	Mounted bool
-	// FSType is the file system's type (tmpfs, ext4, ...); Options its
-	// super-block options (huge=within_size, ...). Both are empty when
-	// the directory is not a mount point of its own.
-	FSType, Options string
+	// FSType is the file system's type (tmpfs, ext4, ...), Source what
+	// was mounted (stateMountSource for MountStateDir's), Options its
+	// super-block options (huge=within_size, ...). All are empty when the
+	// directory is not a mount point of its own.
+	FSType, Source, Options string
 }
+
+// stateMountSource names MountStateDir's tmpfs in the mount table, so that
+// UnmountStateDir takes away only what it made.
+const stateMountSource = "xdproxy-state"
 
 // HugePages reports whether the file system gives huge pages to a file
 // mapped the way openState maps it.
@@ -81,12 +86,26 @@ func MountStateDir(dir string) (StateDirMount, error) {
 	if m, err := StateDirMountOf(dir); err != nil || m.FSType != "" {
 		return m, err
 	}
-	if err := unix.Mount("xdproxy-state", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, StateMountOptions); err != nil {
+	if err := unix.Mount(stateMountSource, dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, StateMountOptions); err != nil {
 		return StateDirMount{}, fmt.Errorf("conntrack: mounting a tmpfs at %s: %w", dir, err)
 	}
 	m, err := StateDirMountOf(dir)
 	m.Mounted = true
 	return m, err
+}
+
+// UnmountStateDir unmounts the tmpfs MountStateDir mounted at dir, for
+// xdproxy cleanup; anything else mounted there is left alone. It reports
+// whether it unmounted one.
+func UnmountStateDir(dir string) (bool, error) {
+	m, err := StateDirMountOf(dir)
+	if err != nil || m.FSType != "tmpfs" || m.Source != stateMountSource {
+		return false, err
+	}
+	if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+		return false, fmt.Errorf("conntrack: unmounting the state directory %s: %w", dir, err)
+	}
+	return true, nil
 }
 
 // StateDirMountOf describes the mount at dir (the last one mounted
@@ -133,7 +152,7 @@ func mountAt(mountinfo []byte, dir string) StateDirMount {
 			continue
 		}
 		if unescapeMountPath(f[4]) == dir {
-			m = StateDirMount{FSType: f[sep+1], Options: f[sep+3]}
+			m = StateDirMount{FSType: f[sep+1], Source: f[sep+2], Options: f[sep+3]}
 		}
 	}
 	return m

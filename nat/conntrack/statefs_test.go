@@ -89,6 +89,20 @@ func TestMountStateDir(t *testing.T) {
 			t.Errorf("state file in %s: HugePages %v, want %v", c.dir, got, c.huge)
 		}
 	}
+
+	// xdproxy cleanup takes away only the tmpfs MountStateDir made.
+	if ok, err := UnmountStateDir(plain); ok || err != nil {
+		t.Errorf("UnmountStateDir(a tmpfs of someone else's) = %v, %v; want it left alone", ok, err)
+	}
+	if ok, err := UnmountStateDir(dir); !ok || err != nil {
+		t.Fatalf("UnmountStateDir = %v, %v", ok, err)
+	}
+	if m, err := StateDirMountOf(dir); err != nil || m.FSType != "" {
+		t.Errorf("after UnmountStateDir: %+v, %v; want no mount", m, err)
+	}
+	if ok, err := UnmountStateDir(dir); ok || err != nil {
+		t.Errorf("second UnmountStateDir = %v, %v; want nothing to do", ok, err)
+	}
 }
 
 // TestMountAt reads mountinfo lines: the last mount at a path wins,
