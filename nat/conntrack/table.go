@@ -10,6 +10,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/xdproxy/xdproxy/nat/cpu"
 	"github.com/xdproxy/xdproxy/nat/packet"
 )
 
@@ -996,7 +997,8 @@ func (t *Table) Sweep(budget int, now int64) int {
 	removed := 0
 	for left := b; left > 0; {
 		sh := t.ownerOf(uint32(idx))
-		if used := uint64(sh.first) + uint64(sh.touched.Load()); idx >= used {
+		used := uint64(sh.first) + uint64(sh.touched.Load())
+		if idx >= used {
 			// The shard's never-used tail: nothing to expire there.
 			skip := min(uint64(sh.first)+uint64(sh.count)-idx, left)
 			left -= skip
@@ -1004,6 +1006,13 @@ func (t *Table) Sweep(budget int, now int64) int {
 				idx = 0
 			}
 			continue
+		}
+		if ahead := idx + sweepAhead; ahead < used {
+			// The entries' first lines in a row, one per 128 bytes:
+			// the hardware prefetcher follows that stride only within
+			// a page, and the sweep's misses were a tenth of a new
+			// flow's cost in the new-flow benchmark's profile.
+			cpu.Prefetch(uintptr(unsafe.Pointer(&t.entries[ahead])))
 		}
 		tm := t.entries[idx].timer.Load()
 		if timerState(tm) != StateFree && timerDeadline(tm) <= nowMs {
@@ -1020,6 +1029,12 @@ func (t *Table) Sweep(budget int, now int64) int {
 	}
 	return removed
 }
+
+// sweepAhead is how many entries ahead of the one it reads Sweep
+// prefetches: a page ahead. BenchmarkSweep (64 entries of a full 1M-flow
+// table): 680-700 ns without, 610-635 at 8 ahead, 465-475 at 16, 430 at
+// 32.
+const sweepAhead = 32
 
 // overrun tells Config.OnOverrun that an insert found the table full.
 func (t *Table) overrun() {
