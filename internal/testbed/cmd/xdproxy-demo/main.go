@@ -131,13 +131,9 @@ func run(bin string, requests int) error {
 	if err != nil {
 		return err
 	}
-	var bpffs string
 	defer func() {
 		step("cleaning up")
 		nb.Close()
-		if bpffs != "" {
-			_ = unix.Unmount(bpffs, unix.MNT_DETACH)
-		}
 	}()
 	// Leave the node clean on Ctrl-C too, and when the output is piped
 	// into something that stops reading (head).
@@ -162,13 +158,15 @@ func run(bin string, requests int) error {
 	}
 	defer os.RemoveAll(dir)
 	// A bpffs of the demo's own for the pinned programs, gone with it.
-	bpffs = filepath.Join(dir, "bpffs")
+	bpffs := filepath.Join(dir, "bpffs")
 	if err := os.Mkdir(bpffs, 0o700); err != nil {
 		return err
 	}
 	if err := unix.Mount("bpf", bpffs, "bpf", 0, ""); err != nil {
 		return fmt.Errorf("mounting a bpffs: %w", err)
 	}
+	// Before the directory's removal above, or it would stay behind.
+	defer unix.Unmount(bpffs, unix.MNT_DETACH)
 	svcFile := filepath.Join(dir, "services.yaml")
 	admin := filepath.Join(dir, "admin.sock")
 	cfg := fmt.Sprintf(`apiVersion: xdproxy.io/v1alpha1
