@@ -1114,10 +1114,41 @@ func (e *Engine) deleteGoneFlows() {
 				keep = append(keep, k)
 			}
 		}
-		if err := e.tables.DeleteFlows(keep); err != nil {
+		if _, err := e.deleteGoneTuples(keep); err != nil {
 			e.log.Warn("deleting ended flows from the XDP flow table", "err", err)
 		}
 	}
+}
+
+// deleteGoneTuples deletes reply tuples whose flow the caller found gone
+// from the XDP flow map, then writes back those that a new flow took
+// meanwhile. A worker may insert a flow with the same reply tuple, and
+// write the tuple, between the caller's lookup and the delete: without
+// the second look, the delete would leave a live flow without its tuple,
+// its replies going to the kernel, until the reconciler's next pass. It
+// returns how many it wrote back.
+func (e *Engine) deleteGoneTuples(keys []xdp.FlowKey) (int, error) {
+	if len(keys) == 0 {
+		return 0, nil
+	}
+	if err := e.tables.DeleteFlows(keys); err != nil {
+		return 0, err
+	}
+	now := monotonicNow()
+	var w FlowWriter
+	for _, k := range keys {
+		if _, _, live := e.ct.Lookup(packet.Tuple(k), now); !live {
+			continue
+		}
+		if w == nil {
+			w = e.tables.NewFlowWriter(len(keys))
+		}
+		w.Add(k)
+	}
+	if w == nil {
+		return 0, nil
+	}
+	return w.Flush()
 }
 
 // reconcileInterval is how often the XDP flow map is compared with the
@@ -1207,11 +1238,14 @@ func (e *Engine) reconcileOnce() (removed, restored int, err error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	if len(stale) > 0 {
-		if err := e.tables.DeleteFlows(stale); err != nil {
-			return 0, 0, err
-		}
+	// The pass read the whole map before this delete: a new flow may
+	// have taken one of these tuples since (deleteGoneTuples); those
+	// are written back, so not removed in the end.
+	back, err := e.deleteGoneTuples(stale)
+	if err != nil {
+		return 0, 0, err
 	}
+	removed = len(stale) - back
 	w := e.tables.NewFlowWriter(256)
 	for f := range e.ct.All(now) {
 		k := xdp.FlowKey(f.Reply())
@@ -1222,14 +1256,14 @@ func (e *Engine) reconcileOnce() (removed, restored int, err error) {
 			n, err := w.Flush()
 			restored += n
 			if err != nil {
-				return len(stale), restored, err
+				return removed, restored, err
 			}
 			w.Add(k)
 		}
 	}
 	n, err := w.Flush()
 	restored += n
-	return len(stale), restored, err
+	return removed, restored, err
 }
 
 // sameSlice reports whether a and b are the same slice (not merely equal).

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -413,6 +414,74 @@ func TestReconcileRestoresAndRemovesTuples(t *testing.T) {
 	fn.k.tables.mu.Unlock()
 	if st := fn.e.FlowTableStats(); st.Entries != inMap || st.Removed != before.Removed+1 || st.Restored != before.Restored+1 {
 		t.Errorf("flow table stats %+v after a pass that removed 1 and restored 1 (before %+v), %d tuples in the map", st, before, inMap)
+	}
+}
+
+// TestTupleTakenAgainIsNotDeleted: a new flow that takes an ended flow's
+// reply tuple between the janitor's (or the reconciler's) finding it gone
+// and the delete keeps its tuple in the XDP flow table: its replies still
+// reach xdproxy.
+func TestTupleTakenAgainIsNotDeleted(t *testing.T) {
+	for _, by := range []string{"janitor", "reconciler"} {
+		t.Run(by, func(t *testing.T) {
+			fn := startFakeNode(t, 1, nil)
+			query := frame(t, packet.ProtoUDP, podA, addr("198.19.0.20"), 7600, 53, 0, nil)
+			fn.inject(t, fn.n0, 0, query)
+			p := parse(t, fn.sent(t, fn.n1, 1)[0])
+			reply := xdp.FlowKey(p.Tuple().Reverse())
+			var once sync.Once
+			taken := make(chan struct{})
+			tables := fn.k.tables
+			tables.mu.Lock()
+			tables.beforeDelete = func(keys []xdp.FlowKey) {
+				if !slices.Contains(keys, reply) {
+					return
+				}
+				// The client asks again from the same port: a new
+				// flow, the same reply tuple, written before the delete.
+				once.Do(func() {
+					fn.inject(t, fn.n0, 0, query)
+					fn.sent(t, fn.n1, 1)
+					close(taken)
+				})
+			}
+			tables.mu.Unlock()
+			if by == "janitor" {
+				if n := fn.e.Conntrack().DeleteByBackend(p.Dst, p.DstPort, packet.ProtoUDP); n != 1 {
+					t.Fatalf("deleted %d flows, want 1", n)
+				}
+			} else {
+				// Gone from conntrack while its tuple stays in the map
+				// (a deletion the janitor lost): the reconciler's case.
+				tables.mu.Lock()
+				hook := tables.beforeDelete
+				tables.beforeDelete = nil
+				tables.mu.Unlock()
+				fn.e.Conntrack().DeleteByBackend(p.Dst, p.DstPort, packet.ProtoUDP)
+				await(t, "the janitor's delete", func() bool { return !tables.hasFlow(reply) })
+				tables.mu.Lock()
+				tables.flows[reply] = true
+				tables.beforeDelete = hook
+				tables.mu.Unlock()
+				if _, _, err := fn.e.reconcileOnce(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			select {
+			case <-taken:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the tuple was never deleted")
+			}
+			if _, _, live := fn.e.Conntrack().Lookup(packet.Tuple(reply), MonotonicNow()); !live {
+				t.Fatal("the second query made no flow")
+			}
+			// The janitor's delete runs on its own goroutine: give it
+			// time to finish, then the tuple must be there.
+			time.Sleep(100 * time.Millisecond)
+			if !tables.hasFlow(reply) {
+				t.Error("a live flow's reply tuple was deleted from the flow table")
+			}
+		})
 	}
 }
 

@@ -273,6 +273,10 @@ type fakeTables struct {
 	sets      int
 	counters  xdp.Counters // what Counters reports; tests set it
 	synGuard  xdp.SYNGuard // the last SetSYNGuard
+	// beforeDelete, when set, runs at the start of DeleteFlows, outside
+	// mu: a test's way to act between a caller's decision to delete and
+	// the delete.
+	beforeDelete func(keys []xdp.FlowKey)
 }
 
 func (t *fakeTables) SetTables(frontends []xdp.Key, vips []packet.Addr) error {
@@ -289,6 +293,12 @@ func (t *fakeTables) SetTables(frontends []xdp.Key, vips []packet.Addr) error {
 func (t *fakeTables) NewFlowWriter(n int) FlowWriter { return &fakeFlowWriter{t: t, max: n} }
 
 func (t *fakeTables) DeleteFlows(keys []xdp.FlowKey) error {
+	t.mu.Lock()
+	hook := t.beforeDelete
+	t.mu.Unlock()
+	if hook != nil {
+		hook(keys)
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, k := range keys {
