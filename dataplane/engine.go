@@ -1114,7 +1114,7 @@ func (e *Engine) deleteGoneFlows() {
 				keep = append(keep, k)
 			}
 		}
-		if _, err := e.deleteGoneTuples(keep); err != nil {
+		if _, _, err := e.deleteGoneTuples(keep); err != nil {
 			e.log.Warn("deleting ended flows from the XDP flow table", "err", err)
 		}
 	}
@@ -1126,29 +1126,33 @@ func (e *Engine) deleteGoneFlows() {
 // write the tuple, between the caller's lookup and the delete: without
 // the second look, the delete would leave a live flow without its tuple,
 // its replies going to the kernel, until the reconciler's next pass. It
-// returns how many it wrote back.
-func (e *Engine) deleteGoneTuples(keys []xdp.FlowKey) (int, error) {
+// returns how many it wrote back, and whether the delete happened.
+func (e *Engine) deleteGoneTuples(keys []xdp.FlowKey) (back int, deleted bool, err error) {
 	if len(keys) == 0 {
-		return 0, nil
+		return 0, true, nil
 	}
 	if err := e.tables.DeleteFlows(keys); err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	now := monotonicNow()
-	var w FlowWriter
+	var live []xdp.FlowKey
 	for _, k := range keys {
-		if _, _, live := e.ct.Lookup(packet.Tuple(k), now); !live {
-			continue
+		if _, _, ok := e.ct.Lookup(packet.Tuple(k), now); ok {
+			live = append(live, k)
 		}
-		if w == nil {
-			w = e.tables.NewFlowWriter(len(keys))
-		}
+	}
+	if len(live) == 0 {
+		return 0, true, nil
+	}
+	w := e.tables.NewFlowWriter(len(live))
+	for _, k := range live {
 		w.Add(k)
 	}
-	if w == nil {
-		return 0, nil
+	n, err := w.Flush()
+	if err != nil {
+		err = fmt.Errorf("writing back %d tuples that new flows took: %w", len(live), err)
 	}
-	return w.Flush()
+	return n, true, err
 }
 
 // reconcileInterval is how often the XDP flow map is compared with the
@@ -1241,11 +1245,13 @@ func (e *Engine) reconcileOnce() (removed, restored int, err error) {
 	// The pass read the whole map before this delete: a new flow may
 	// have taken one of these tuples since (deleteGoneTuples); those
 	// are written back, so not removed in the end.
-	back, err := e.deleteGoneTuples(stale)
-	if err != nil {
-		return 0, 0, err
+	back, deleted, err := e.deleteGoneTuples(stale)
+	if deleted {
+		removed = len(stale) - back
 	}
-	removed = len(stale) - back
+	if err != nil {
+		return removed, 0, err
+	}
 	w := e.tables.NewFlowWriter(256)
 	for f := range e.ct.All(now) {
 		k := xdp.FlowKey(f.Reply())

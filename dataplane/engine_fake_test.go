@@ -3,6 +3,7 @@ package dataplane
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -429,9 +430,21 @@ func TestTupleTakenAgainIsNotDeleted(t *testing.T) {
 			fn.inject(t, fn.n0, 0, query)
 			p := parse(t, fn.sent(t, fn.n1, 1)[0])
 			reply := xdp.FlowKey(p.Tuple().Reverse())
-			var once sync.Once
-			taken := make(chan struct{})
 			tables := fn.k.tables
+			if by == "reconciler" {
+				// Gone from conntrack while its tuple stays in the map
+				// (a deletion the janitor lost): the reconciler's case.
+				fn.e.Conntrack().DeleteByBackend(p.Dst, p.DstPort, packet.ProtoUDP)
+				await(t, "the janitor's delete", func() bool { return !tables.hasFlow(reply) })
+				tables.mu.Lock()
+				tables.flows[reply] = true
+				tables.mu.Unlock()
+			}
+			// The hook runs on the deleting goroutine (the janitor's):
+			// it reports instead of failing the test from there.
+			var once sync.Once
+			retook := make(chan error, 1)
+			deleted := make(chan struct{})
 			tables.mu.Lock()
 			tables.beforeDelete = func(keys []xdp.FlowKey) {
 				if !slices.Contains(keys, reply) {
@@ -439,49 +452,56 @@ func TestTupleTakenAgainIsNotDeleted(t *testing.T) {
 				}
 				// The client asks again from the same port: a new
 				// flow, the same reply tuple, written before the delete.
-				once.Do(func() {
-					fn.inject(t, fn.n0, 0, query)
-					fn.sent(t, fn.n1, 1)
-					close(taken)
-				})
+				once.Do(func() { retook <- fn.askAgain(query) })
+			}
+			tables.afterDelete = func(keys []xdp.FlowKey) {
+				if slices.Contains(keys, reply) {
+					close(deleted)
+				}
 			}
 			tables.mu.Unlock()
 			if by == "janitor" {
 				if n := fn.e.Conntrack().DeleteByBackend(p.Dst, p.DstPort, packet.ProtoUDP); n != 1 {
 					t.Fatalf("deleted %d flows, want 1", n)
 				}
-			} else {
-				// Gone from conntrack while its tuple stays in the map
-				// (a deletion the janitor lost): the reconciler's case.
-				tables.mu.Lock()
-				hook := tables.beforeDelete
-				tables.beforeDelete = nil
-				tables.mu.Unlock()
-				fn.e.Conntrack().DeleteByBackend(p.Dst, p.DstPort, packet.ProtoUDP)
-				await(t, "the janitor's delete", func() bool { return !tables.hasFlow(reply) })
-				tables.mu.Lock()
-				tables.flows[reply] = true
-				tables.beforeDelete = hook
-				tables.mu.Unlock()
-				if _, _, err := fn.e.reconcileOnce(); err != nil {
-					t.Fatal(err)
-				}
+			} else if removed, _, err := fn.e.reconcileOnce(); err != nil || removed != 0 {
+				t.Fatalf("reconcile: removed %d, %v; want 0: the tuple was written back", removed, err)
 			}
 			select {
-			case <-taken:
+			case err := <-retook:
+				if err != nil {
+					t.Fatal(err)
+				}
 			case <-time.After(10 * time.Second):
 				t.Fatal("the tuple was never deleted")
 			}
+			<-deleted
 			if _, _, live := fn.e.Conntrack().Lookup(packet.Tuple(reply), MonotonicNow()); !live {
 				t.Fatal("the second query made no flow")
 			}
-			// The janitor's delete runs on its own goroutine: give it
-			// time to finish, then the tuple must be there.
-			time.Sleep(100 * time.Millisecond)
-			if !tables.hasFlow(reply) {
-				t.Error("a live flow's reply tuple was deleted from the flow table")
-			}
+			await(t, "the taken tuple back in the flow table", func() bool { return tables.hasFlow(reply) })
 		})
+	}
+}
+
+// askAgain injects frame on n0 and waits for one frame sent on n1, without
+// a *testing.T: it may run on a goroutine other than the test's.
+func (fn *fakeNode) askAgain(frame []byte) error {
+	deadline := time.Now().Add(5 * time.Second)
+	for s := fn.k.socket(fn.n0.Index, 0); s == nil || !s.Inject(frame); s = fn.k.socket(fn.n0.Index, 0) {
+		if time.Now().After(deadline) {
+			return errors.New("could not inject the second query")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	for {
+		if s := fn.k.socket(fn.n1.Index, 0); s != nil && len(s.Sent()) > 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errors.New("the second query was not forwarded")
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 

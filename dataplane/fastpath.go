@@ -233,8 +233,7 @@ func (p *Processor) prefetchInserts(n int) {
 	ct := p.cfg.Conntrack
 	// Fresh frames of the batch into the same shard take its next free
 	// entries one after another: each prefetches its own.
-	ahead := &p.insertsAhead
-	*ahead = [conntrack.MaxShards]uint16{}
+	var ahead [conntrack.MaxShards]uint16
 	for i := range n {
 		if pre := &p.pre[i]; pre.fresh && pre.fe != nil {
 			sh := ct.ShardIndex(pre.hash)

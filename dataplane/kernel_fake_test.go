@@ -273,10 +273,10 @@ type fakeTables struct {
 	sets      int
 	counters  xdp.Counters // what Counters reports; tests set it
 	synGuard  xdp.SYNGuard // the last SetSYNGuard
-	// beforeDelete, when set, runs at the start of DeleteFlows, outside
-	// mu: a test's way to act between a caller's decision to delete and
-	// the delete.
-	beforeDelete func(keys []xdp.FlowKey)
+	// beforeDelete and afterDelete, when set, run at the start and at
+	// the end of DeleteFlows, outside mu: a test's way to act between a
+	// caller's decision to delete and the delete, and to know it is done.
+	beforeDelete, afterDelete func(keys []xdp.FlowKey)
 }
 
 func (t *fakeTables) SetTables(frontends []xdp.Key, vips []packet.Addr) error {
@@ -294,15 +294,18 @@ func (t *fakeTables) NewFlowWriter(n int) FlowWriter { return &fakeFlowWriter{t:
 
 func (t *fakeTables) DeleteFlows(keys []xdp.FlowKey) error {
 	t.mu.Lock()
-	hook := t.beforeDelete
+	before, after := t.beforeDelete, t.afterDelete
 	t.mu.Unlock()
-	if hook != nil {
-		hook(keys)
+	if before != nil {
+		before(keys)
 	}
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	for _, k := range keys {
 		delete(t.flows, k)
+	}
+	t.mu.Unlock()
+	if after != nil {
+		after(keys)
 	}
 	return nil
 }

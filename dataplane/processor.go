@@ -51,9 +51,6 @@ type Processor struct {
 	// (prepare, fastpath.go); predicted says some hold a prediction.
 	pre       [maxBatch]prepared
 	predicted bool
-	// insertsAhead counts, by conntrack shard, the batch's fresh frames
-	// prefetchInserts has seen so far.
-	insertsAhead [conntrack.MaxShards]uint16
 
 	// CacheHits and CacheMisses count established packets whose flow the
 	// flow cache had (and was still valid) or not; read by its worker.

@@ -78,8 +78,8 @@ func main() {
 	}
 }
 
-// loadConfig parses the flags of run, check, cleanup and mount-state-dir and loads the
-// config file they name, for this host.
+// loadConfig parses the flags of run, check, cleanup and mount-state-dir
+// and loads the config file they name, for this host.
 func loadConfig(name string, args []string) (*config.Config, slog.Level, error) {
 	fs := flag.NewFlagSet(name, flag.ExitOnError)
 	path := fs.String("config", "", "path of the YAML config file")

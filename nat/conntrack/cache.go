@@ -107,9 +107,9 @@ func (t *Table) PrefetchInsert(h uint64, ahead int) {
 	}
 }
 
-// insertEntry is the entry the insert ahead+1 inserts from now into the
-// shard of hash h will fill, when that can be told without the shard's
-// lock (PrefetchInsert).
+// insertEntry is the entry that an insert into the shard of hash h will
+// fill when ahead other inserts into that shard come before it, if that
+// can be told without the shard's lock (PrefetchInsert).
 func (t *Table) insertEntry(h uint64, ahead int) (uint32, bool) {
 	sh := t.shardOf(h)
 	if f := sh.freeHead.Load(); f != 0 {

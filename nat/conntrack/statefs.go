@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -32,10 +33,16 @@ type StateDirMount struct {
 	Mounted bool
 	// FSType is the file system's type (tmpfs, ext4, ...), Source what
 	// was mounted (stateMountSource for MountStateDir's), Options its
-	// super-block options (huge=within_size, ...). All are empty when the
-	// directory is not a mount point of its own.
-	FSType, Source, Options string
+	// super-block options (huge=within_size, ...), Root the directory of
+	// that file system mounted there ("/" for a whole one; a bind mount
+	// of a subdirectory, such as a pod's hostPath volume, has its path).
+	// All are empty when the directory is not a mount point.
+	FSType, Source, Options, Root string
 }
+
+// ours reports whether m is a tmpfs MountStateDir mounted (here, or where
+// a bind mount of it came from).
+func (m StateDirMount) ours() bool { return m.FSType == "tmpfs" && m.Source == stateMountSource }
 
 // stateMountSource names MountStateDir's tmpfs in the mount table, so that
 // UnmountStateDir takes away only what it made.
@@ -68,13 +75,18 @@ func (m StateDirMount) String() string {
 }
 
 // MountStateDir mounts a tmpfs with huge pages (StateMountOptions) at
-// dir, creating dir, unless dir is a mount point already: that one is
-// left as it is, and reported. The mount outlives the process, so the
-// state file in it outlives every restart until the node reboots, which
-// a state file does not survive anyway (its header keeps the boot ID).
-// It needs CAP_SYS_ADMIN; in a pod, a privileged init container with
-// Bidirectional mount propagation on the directory's hostPath volume
-// (deploy/daemonset.yaml), so that the node's mount namespace has it.
+// dir, creating dir, and moves the files dir held into it (an older
+// xdproxy's state: the connections it tracked live on). It leaves alone a
+// tmpfs it mounted before (seen through a bind mount too) and any other
+// whole file system mounted at dir, and says what it found. A bind mount
+// of a subdirectory, which is what a pod's hostPath volume is, gets the
+// tmpfs over it: with Bidirectional propagation the node's directory gets
+// it. The mount outlives the process, so the state in it outlives every
+// restart until the node reboots, which a state file does not survive
+// anyway (its header keeps the boot ID). It refuses while a running
+// xdproxy holds the directory's connection table (its flock).
+// It needs CAP_SYS_ADMIN; in a pod, a privileged init container
+// (deploy/daemonset.yaml).
 func MountStateDir(dir string) (StateDirMount, error) {
 	dir, err := filepath.Abs(dir)
 	if err != nil {
@@ -83,15 +95,98 @@ func MountStateDir(dir string) (StateDirMount, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return StateDirMount{}, fmt.Errorf("conntrack: state directory: %w", err)
 	}
-	if m, err := StateDirMountOf(dir); err != nil || m.FSType != "" {
+	m, err := StateDirMountOf(dir)
+	if err != nil || m.ours() || m.HugePages() || (m.FSType != "" && m.Root == "/") {
 		return m, err
+	}
+	// What is there now stays reachable through old once the tmpfs
+	// covers the path.
+	old, err := os.Open(dir)
+	if err != nil {
+		return StateDirMount{}, fmt.Errorf("conntrack: state directory: %w", err)
+	}
+	defer old.Close()
+	files, err := stateFiles(old)
+	if err != nil {
+		return StateDirMount{}, err
 	}
 	if err := unix.Mount(stateMountSource, dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, StateMountOptions); err != nil {
 		return StateDirMount{}, fmt.Errorf("conntrack: mounting a tmpfs at %s: %w", dir, err)
 	}
-	m, err := StateDirMountOf(dir)
+	if err := moveStateFiles(old, dir, files); err != nil {
+		// Uncover the files, which are still whole there.
+		_ = unix.Unmount(dir, unix.MNT_DETACH)
+		return StateDirMount{}, err
+	}
+	m, err = StateDirMountOf(dir)
 	m.Mounted = true
 	return m, err
+}
+
+// stateFiles lists the regular files in the directory old, and fails if a
+// running xdproxy holds one of them locked (the connection table's file).
+func stateFiles(old *os.File) ([]os.DirEntry, error) {
+	entries, err := old.ReadDir(-1)
+	if err != nil {
+		return nil, fmt.Errorf("conntrack: reading the state directory: %w", err)
+	}
+	var files []os.DirEntry
+	for _, e := range entries {
+		if !e.Type().IsRegular() {
+			continue // the admin socket: its next owner makes a new one
+		}
+		fd, err := unix.Openat(int(old.Fd()), e.Name(), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("conntrack: state file %s: %w", e.Name(), err)
+		}
+		err = unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
+		unix.Close(fd) // and the lock with it
+		if err != nil {
+			return nil, fmt.Errorf("conntrack: state file %s is in use (a running xdproxy?); stop it first: %w", e.Name(), err)
+		}
+		files = append(files, e)
+	}
+	return files, nil
+}
+
+// moveStateFiles copies files from the covered directory old into dir,
+// with their modes, and then removes them from old, which nobody can
+// reach any more.
+func moveStateFiles(old *os.File, dir string, files []os.DirEntry) error {
+	for _, e := range files {
+		if err := copyStateFile(old, dir, e.Name()); err != nil {
+			return err
+		}
+	}
+	for _, e := range files {
+		_ = unix.Unlinkat(int(old.Fd()), e.Name(), 0)
+	}
+	return nil
+}
+
+func copyStateFile(old *os.File, dir, name string) error {
+	fd, err := unix.Openat(int(old.Fd()), name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("conntrack: moving state file %s: %w", name, err)
+	}
+	src := os.NewFile(uintptr(fd), name)
+	defer src.Close()
+	st, err := src.Stat()
+	if err != nil {
+		return fmt.Errorf("conntrack: moving state file %s: %w", name, err)
+	}
+	dst, err := os.OpenFile(filepath.Join(dir, name), os.O_WRONLY|os.O_CREATE|os.O_EXCL, st.Mode().Perm())
+	if err != nil {
+		return fmt.Errorf("conntrack: moving state file %s: %w", name, err)
+	}
+	if _, err := io.Copy(dst, src); err != nil {
+		dst.Close()
+		return fmt.Errorf("conntrack: moving state file %s: %w", name, err)
+	}
+	if err := dst.Close(); err != nil {
+		return fmt.Errorf("conntrack: moving state file %s: %w", name, err)
+	}
+	return nil
 }
 
 // UnmountStateDir unmounts the tmpfs MountStateDir mounted at dir, for
@@ -99,7 +194,7 @@ func MountStateDir(dir string) (StateDirMount, error) {
 // whether it unmounted one.
 func UnmountStateDir(dir string) (bool, error) {
 	m, err := StateDirMountOf(dir)
-	if err != nil || m.FSType != "tmpfs" || m.Source != stateMountSource {
+	if err != nil || !m.ours() {
 		return false, err
 	}
 	if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
@@ -152,7 +247,7 @@ func mountAt(mountinfo []byte, dir string) StateDirMount {
 			continue
 		}
 		if unescapeMountPath(f[4]) == dir {
-			m = StateDirMount{FSType: f[sep+1], Source: f[sep+2], Options: f[sep+3]}
+			m = StateDirMount{FSType: f[sep+1], Source: f[sep+2], Options: f[sep+3], Root: unescapeMountPath(f[3])}
 		}
 	}
 	return m

@@ -27,10 +27,12 @@ func mountTmpfs(tb testing.TB, options string) string {
 	return dir
 }
 
-// thpAvailable reports whether this kernel has transparent huge pages.
+// thpAvailable reports whether this kernel gives a tmpfs mounted with
+// huge= transparent huge pages (shmem_enabled deny or force overrides the
+// mount).
 func thpAvailable() bool {
-	_, err := os.Stat("/sys/kernel/mm/transparent_hugepage/enabled")
-	return err == nil
+	b, err := os.ReadFile("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+	return err == nil && !strings.Contains(string(b), "[deny]")
 }
 
 // TestMountStateDir: MountStateDir mounts a tmpfs with huge pages once,
@@ -90,6 +92,11 @@ func TestMountStateDir(t *testing.T) {
 		}
 	}
 
+	// A whole file system mounted there by someone else stays.
+	if m, err := MountStateDir(plain); err != nil || m.Mounted || m.FSType != "tmpfs" {
+		t.Errorf("MountStateDir(a tmpfs of someone else's) = %+v, %v; want it left alone", m, err)
+	}
+
 	// xdproxy cleanup takes away only the tmpfs MountStateDir made.
 	if ok, err := UnmountStateDir(plain); ok || err != nil {
 		t.Errorf("UnmountStateDir(a tmpfs of someone else's) = %v, %v; want it left alone", ok, err)
@@ -105,6 +112,65 @@ func TestMountStateDir(t *testing.T) {
 	}
 }
 
+// TestMountStateDirOverHostPath: a pod sees its hostPath volume as a bind
+// mount of the node's directory. MountStateDir mounts its tmpfs over that
+// bind and moves the files an older xdproxy kept there into it, so that
+// their connections live on; while a running xdproxy holds the connection
+// table's lock it refuses, and mounts nothing.
+func TestMountStateDirOverHostPath(t *testing.T) {
+	host := mountTmpfs(t, "huge=never") // the node's /run
+	nodeDir := filepath.Join(host, "xdproxy")
+	if err := os.Mkdir(nodeDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	state := []byte("an older xdproxy's connections")
+	if err := os.WriteFile(filepath.Join(nodeDir, "conntrack.state"), state, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	podDir := filepath.Join(t.TempDir(), "run-xdproxy")
+	if err := os.Mkdir(podDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(nodeDir, podDir, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(podDir, unix.MNT_DETACH) }) // then the bind
+	t.Cleanup(func() { _ = unix.Unmount(podDir, unix.MNT_DETACH) }) // the tmpfs first
+	if m, err := StateDirMountOf(podDir); err != nil || m.Root != "/xdproxy" || m.ours() {
+		t.Fatalf("the bind mount reads as %+v, %v", m, err)
+	}
+
+	// A running xdproxy's lock: refused, nothing mounted.
+	held, err := os.Open(filepath.Join(nodeDir, "conntrack.state"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Flock(int(held.Fd()), unix.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := MountStateDir(podDir); err == nil || !strings.Contains(err.Error(), "in use") {
+		t.Errorf("with the state file locked: %v, want a refusal", err)
+	}
+	held.Close()
+	if m, _ := StateDirMountOf(podDir); m.ours() {
+		t.Fatal("mounted although refused")
+	}
+
+	m, err := MountStateDir(podDir)
+	if err != nil || !m.Mounted || !m.ours() {
+		t.Fatalf("MountStateDir over the bind = %+v, %v", m, err)
+	}
+	if got, err := os.ReadFile(filepath.Join(podDir, "conntrack.state")); err != nil || string(got) != string(state) {
+		t.Errorf("the state file in the tmpfs: %q, %v; want the older one's", got, err)
+	}
+	if left, _ := os.ReadDir(nodeDir); len(left) != 0 {
+		t.Errorf("left under the tmpfs: %v", left)
+	}
+	if again, err := MountStateDir(podDir); err != nil || again.Mounted {
+		t.Errorf("second call: %+v, %v; want its own tmpfs left alone", again, err)
+	}
+}
+
 // TestMountAt reads mountinfo lines: the last mount at a path wins,
 // optional fields and escaped paths are handled, and a path with no mount
 // of its own has none.
@@ -114,20 +180,23 @@ func TestMountAt(t *testing.T) {
 31 30 0:41 / /run/xdproxy rw,nosuid,nodev,noexec,relatime shared:10 - tmpfs xdproxy-state rw,mode=700,huge=within_size
 32 1 0:42 / /var/lib/my\040state rw - tmpfs x rw,huge=advise
 33 1 0:43 / /broken
+40 1 0:21 /xdproxy /pod/run/xdproxy rw,nosuid,nodev shared:5 - tmpfs tmpfs rw,size=1609212k,mode=755
 `)
 	for _, c := range []struct {
-		dir, fs string
-		huge    bool
+		dir, fs, root string
+		huge, ours    bool
 	}{
-		{"/run/xdproxy", "tmpfs", true},
-		{"/run", "tmpfs", false},
-		{"/var/lib/my state", "tmpfs", true},
-		{"/run/other", "", false},
-		{"/broken", "", false},
+		{"/run/xdproxy", "tmpfs", "/", true, true},
+		{"/run", "tmpfs", "/", false, false},
+		{"/var/lib/my state", "tmpfs", "/", true, false},
+		{"/run/other", "", "", false, false},
+		{"/broken", "", "", false, false},
+		{"/pod/run/xdproxy", "tmpfs", "/xdproxy", false, false}, // a hostPath volume
 	} {
 		m := mountAt(info, c.dir)
-		if m.FSType != c.fs || m.HugePages() != c.huge {
-			t.Errorf("mountAt(%q) = %+v (huge %v), want %q, huge %v", c.dir, m, m.HugePages(), c.fs, c.huge)
+		if m.FSType != c.fs || m.Root != c.root || m.HugePages() != c.huge || m.ours() != c.ours {
+			t.Errorf("mountAt(%q) = %+v (huge %v, ours %v), want %q at %q, huge %v, ours %v",
+				c.dir, m, m.HugePages(), m.ours(), c.fs, c.root, c.huge, c.ours)
 		}
 	}
 }

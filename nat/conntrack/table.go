@@ -842,8 +842,11 @@ func (sh *shard) freeLocked(t *Table, idx uint32) {
 
 // evictLocked frees an entry of the full shard so (sr is also locked): the
 // first expired entry in the next window entries, else the oldest of them
-// that is not assured, whatever its state (netfilter's early_drop). An
-// assured flow is never evicted. The evicted flow is described in *g.
+// that is not assured, whatever its state (netfilter's early_drop); but
+// an unassured flow at least half as old as the shard's recent victims
+// ends the search there, before an expired entry further on, which the
+// cursor reaches with the next evictions. An assured flow is never
+// evicted. The evicted flow is described in *g.
 func (t *Table) evictLocked(so, sr *shard, nowMs uint64, g *gone) (uint32, bool) {
 	var victim uint32
 	var victimTimer, victimCreated uint64

@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -140,7 +141,15 @@ func run(bin string, requests int) error {
 	signal.Ignore(syscall.SIGPIPE)
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-	go func() { <-sig; nb.Close(); os.Exit(130) }()
+	var demoDir atomic.Pointer[string] // once it exists
+	go func() {
+		<-sig
+		nb.Close()
+		if d := demoDir.Load(); d != nil {
+			removeDemoDir(*d)
+		}
+		os.Exit(130)
+	}()
 
 	step("starting real servers in every pod (HTTP :80, UDP echo :53) and iperf3 in n2-pod-b")
 	if err := nb.StartServers(); err != nil {
@@ -156,7 +165,8 @@ func run(bin string, requests int) error {
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
+	demoDir.Store(&dir)
+	defer removeDemoDir(dir)
 	// A bpffs of the demo's own for the pinned programs, gone with it.
 	bpffs := filepath.Join(dir, "bpffs")
 	if err := os.Mkdir(bpffs, 0o700); err != nil {
@@ -165,8 +175,6 @@ func run(bin string, requests int) error {
 	if err := unix.Mount("bpf", bpffs, "bpf", 0, ""); err != nil {
 		return fmt.Errorf("mounting a bpffs: %w", err)
 	}
-	// Before the directory's removal above, or it would stay behind.
-	defer unix.Unmount(bpffs, unix.MNT_DETACH)
 	svcFile := filepath.Join(dir, "services.yaml")
 	admin := filepath.Join(dir, "admin.sock")
 	cfg := fmt.Sprintf(`apiVersion: xdproxy.io/v1alpha1
@@ -197,7 +205,6 @@ localClients: {cgroup: %s}   # the demo node's cgroup: its pods and host process
 		return fmt.Errorf("xdproxy mount-state-dir: %v: %s", err, mounted)
 	}
 	fmt.Print(indent(string(mounted)))
-	defer unix.Unmount(filepath.Join(dir, "state"), unix.MNT_DETACH)
 	step("running xdproxy on the node: %s run --config %s", xdproxy, cfgFile)
 	fmt.Print(indent(cfg))
 	var logBuf bytes.Buffer
@@ -388,4 +395,14 @@ func errString(err error) string {
 		return "0"
 	}
 	return err.Error()
+}
+
+// removeDemoDir removes the demo's directory, unmounting what the demo
+// mounted in it first (its bpffs, the state directory's tmpfs), or the
+// mount points would stay behind.
+func removeDemoDir(dir string) {
+	for _, m := range []string{"state", "bpffs"} {
+		_ = unix.Unmount(filepath.Join(dir, m), unix.MNT_DETACH)
+	}
+	_ = os.RemoveAll(dir)
 }
