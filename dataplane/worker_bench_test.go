@@ -158,6 +158,23 @@ func (bw *benchWorld) feedFlows(n int, flags uint8, next func() int) {
 	})
 }
 
+// measure is the timed loop of a benchmark: a batch of frames of flows
+// next() with the given TCP flags, then one turn of the worker, per
+// iteration. It reports the cost per packet and returns the packets sent.
+func (bw *benchWorld) measure(b *testing.B, flags uint8, next func() int) int {
+	var m packetMeter
+	b.ReportAllocs()
+	b.ResetTimer()
+	m.start()
+	for b.Loop() {
+		bw.feedFlows(benchBatch, flags, next)
+		bw.turn()
+		m.pkts += benchBatch
+	}
+	m.report(b)
+	return m.pkts
+}
+
 // open runs the first packet of flows 0..flows-1 through the worker.
 func (bw *benchWorld) open(tb testing.TB, flows int) {
 	tb.Helper()
@@ -189,18 +206,9 @@ func BenchmarkWorkerEstablished(b *testing.B) {
 					}
 					return i
 				}
-				var m packetMeter
-				b.ReportAllocs()
-				b.ResetTimer()
-				m.start()
-				for b.Loop() {
-					bw.feedFlows(benchBatch, packet.TCPAck, next)
-					bw.turn()
-					m.pkts += benchBatch
-				}
-				m.report(b)
-				if got := bw.w.Counters.Forwarded.Load() - fwd; got != uint64(m.pkts) {
-					b.Fatalf("%d of %d packets forwarded: %+v", got, m.pkts, bw.w.Counters.Snapshot())
+				pkts := bw.measure(b, packet.TCPAck, next)
+				if got := bw.w.Counters.Forwarded.Load() - fwd; got != uint64(pkts) {
+					b.Fatalf("%d of %d packets forwarded: %+v", got, pkts, bw.w.Counters.Snapshot())
 				}
 			})
 		}
@@ -260,16 +268,7 @@ func BenchmarkWorkerNewFlowFull(b *testing.B) {
 	if st := bw.ct.Stats(); st.EvictedUnassured == 0 {
 		b.Fatalf("the table is not evicting: %+v", st)
 	}
-	var m packetMeter
-	b.ReportAllocs()
-	b.ResetTimer()
-	m.start()
-	for b.Loop() {
-		bw.feedFlows(benchBatch, packet.TCPSyn, next)
-		bw.turn()
-		m.pkts += benchBatch
-	}
-	m.report(b)
+	bw.measure(b, packet.TCPSyn, next)
 }
 
 // BenchmarkWorkerFeed is the benchmarks' own share: writing a batch of
