@@ -33,10 +33,11 @@ const usage = `usage:
         remove what xdproxy keeps for its next start: pinned XDP programs
         (detaching them), state files, the exception link
   xdproxy mount-state-dir --config FILE [--node-name NAME]
-        mount a tmpfs with huge pages at the config's stateDir unless one
-        is mounted there, so that the connection table's state file gets
-        huge pages (run before xdproxy run; deploy/daemonset.yaml's init
-        container)
+        mount a tmpfs with huge pages at the config's stateDir, moving the
+        files there into it, so that the connection table's state file gets
+        huge pages; its own tmpfs or another file system already mounted
+        there is left alone (run before xdproxy run, with none running;
+        deploy/daemonset.yaml's init container)
   xdproxy version
 `
 

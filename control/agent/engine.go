@@ -243,9 +243,9 @@ func Cleanup(cfg *config.Config) error {
 }
 
 // MountStateDir mounts a tmpfs with huge pages at the config's state
-// directory, unless something is mounted there already, and says what is
-// there (xdproxy mount-state-dir, run before xdproxy run; see
-// conntrack.MountStateDir for why).
+// directory and says what is there (xdproxy mount-state-dir, run before
+// xdproxy run; see conntrack.MountStateDir for why, and for what it leaves
+// alone).
 func MountStateDir(cfg *config.Config) (string, error) {
 	if cfg.StateDir == "" {
 		return "", errors.New("the config has no stateDir")
