@@ -15,8 +15,6 @@ import (
 
 	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/util/wait"
-
-	"github.com/xdproxy/xdproxy/nat/conntrack"
 )
 
 // StartIn starts cmd inside the network namespace ns and nothing else: the
@@ -68,13 +66,35 @@ func Cgroup2Mount() (string, error) {
 		pre, post, ok := strings.Cut(sc.Text(), " - ")
 		fields, fsType := strings.Fields(pre), strings.Fields(post)
 		if ok && len(fields) >= 5 && len(fsType) >= 1 && fsType[0] == "cgroup2" && fields[3] == "/" {
-			return conntrack.UnescapeMountPath(fields[4]), nil
+			return unescapeMountPath(fields[4]), nil
 		}
 	}
 	if err := sc.Err(); err != nil {
 		return "", err
 	}
 	return "", errors.New("testbed: no cgroup2 file system is mounted (mount -t cgroup2 none /sys/fs/cgroup/unified)")
+}
+
+// unescapeMountPath undoes mountinfo's octal escapes (\040 for a space).
+// nat/conntrack has the same for the state directory; the testbed keeps
+// its own because the benchmark, which builds on it, links no engine
+// package (bench/runner's TestBenchLinksNoEngine).
+func unescapeMountPath(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }
 
 // newCgroup creates the cgroup <cgroup2 mount>/name.

@@ -246,16 +246,16 @@ func mountAt(mountinfo []byte, dir string) StateDirMount {
 		if len(f) < 5 || sep < 0 || len(f) < sep+4 {
 			continue
 		}
-		if UnescapeMountPath(f[4]) == dir {
-			m = StateDirMount{FSType: f[sep+1], Source: f[sep+2], Options: f[sep+3], Root: UnescapeMountPath(f[3])}
+		if unescapeMountPath(f[4]) == dir {
+			m = StateDirMount{FSType: f[sep+1], Source: f[sep+2], Options: f[sep+3], Root: unescapeMountPath(f[3])}
 		}
 	}
 	return m
 }
 
-// UnescapeMountPath undoes /proc/self/mountinfo's octal escapes (\040 for
+// unescapeMountPath undoes /proc/self/mountinfo's octal escapes (\040 for
 // a space) in a mount point or root.
-func UnescapeMountPath(s string) string {
+func unescapeMountPath(s string) string {
 	if !strings.Contains(s, `\`) {
 		return s
 	}
