@@ -130,9 +130,10 @@ type Engine struct {
 	// reconcileNow asks the flow reconciler for a pass now rather than at
 	// its next tick: tuples were lost, or the flow table refused one.
 	reconcileNow chan struct{}
-	// flowEntries, flowRemoved and flowRestored: what the reconciler's
-	// passes found in the XDP flow map (FlowTableStats).
-	flowEntries               atomic.Int64
+	// flowEntries, flowRemoved, flowRestored and flowPassTook: what the
+	// reconciler's passes found in the XDP flow map, and how long the last
+	// one took (FlowTableStats).
+	flowEntries, flowPassTook atomic.Int64
 	flowRemoved, flowRestored atomic.Uint64
 	// inFlowMap is reconcileOnce's set of the tuples in the flow map,
 	// reused from pass to pass; reconcileMu keeps passes one at a time
@@ -1155,9 +1156,30 @@ func (e *Engine) deleteGoneTuples(keys []xdp.FlowKey) (back int, deleted bool, e
 	return n, true, err
 }
 
-// reconcileInterval is how often the XDP flow map is compared with the
-// connection table.
-const reconcileInterval = 10 * time.Second
+// The flow reconciler's pace. A pass reads the whole XDP flow map and
+// looks every tuple up in the connection table: most of a second of CPU
+// at a million flows. It is a safety net (the workers and the janitor keep
+// the map right, and a refused write or a lost deletion asks for a pass at
+// once), so its cost is bounded by its own duration rather than run on a
+// fixed clock: the next periodic pass comes reconcileDuty times the last
+// pass's duration later (at most 1% of a core), never sooner than
+// reconcileInterval nor later than reconcileIntervalMax; a pass asked for
+// early waits at least a second and ten times the last pass's duration
+// (at most 10% of a core under a flood that keeps asking).
+const (
+	reconcileInterval    = 10 * time.Second
+	reconcileIntervalMax = 5 * time.Minute
+	reconcileDuty        = 100
+	reconcileSoonDuty    = 10
+)
+
+// reconcileDelays returns how long after a pass that took took the next
+// periodic pass comes, and how long an early one waits at least.
+func reconcileDelays(took time.Duration) (periodic, early time.Duration) {
+	periodic = min(reconcileIntervalMax, max(reconcileInterval, reconcileDuty*took))
+	early = min(periodic, max(time.Second, reconcileSoonDuty*took))
+	return periodic, early
+}
 
 // reconcileFlows keeps the XDP flow map equal to the connection table's
 // live flows: it deletes reply tuples whose flow is gone (expired, evicted,
@@ -1165,24 +1187,34 @@ const reconcileInterval = 10 * time.Second
 // the kernel, and puts back the tuple of a live flow that is missing (a
 // write that failed).
 func (e *Engine) reconcileFlows() {
-	t := time.NewTicker(reconcileInterval)
+	periodic, early := reconcileDelays(0)
+	t := time.NewTimer(periodic)
 	defer t.Stop()
+	last := time.Now()
 	for {
 		select {
 		case <-e.stop:
 			return
 		case <-t.C:
 		case <-e.reconcileNow:
-			// Asked early: at most one such pass per second.
 			select {
 			case <-e.stop:
 				return
-			case <-time.After(time.Second):
+			case <-time.After(time.Until(last.Add(early))):
 			}
 		}
-		if _, _, err := e.reconcileOnce(); err != nil {
+		start := time.Now()
+		removed, restored, err := e.reconcileOnce()
+		last = time.Now()
+		took := last.Sub(start)
+		e.flowPassTook.Store(int64(took))
+		if err != nil {
 			e.log.Warn("reconciling the XDP flow map", "err", err)
 		}
+		periodic, early = reconcileDelays(took)
+		e.log.Debug("reconciled the XDP flow map", "took", took, "entries", e.flowEntries.Load(),
+			"removed", removed, "restored", restored, "next", periodic)
+		t.Reset(periodic)
 	}
 }
 
@@ -1196,11 +1228,13 @@ func (e *Engine) reconcileSoon() {
 }
 
 // FlowTableStats describes the XDP flow map, the reply tuples the program
-// claims, as the flow reconciler's passes (every 10 s) found it: the map's
-// pressure.
+// claims, as the flow reconciler's passes found it: the map's pressure.
 type FlowTableStats struct {
 	// Entries is the number of tuples the map held after the last pass.
 	Entries int
+	// LastPass is how long the last pass took; passes come every 10 s,
+	// or every 100 times this when that is longer (at most 5 min).
+	LastPass time.Duration
 	// Removed counts tuples the passes deleted because their flow was
 	// gone; Restored, tuples of live flows they wrote back (a write was
 	// refused or lost).
@@ -1212,7 +1246,8 @@ type FlowTableStats struct {
 
 // FlowTableStats returns the flow map's pressure (see FlowTableStats).
 func (e *Engine) FlowTableStats() FlowTableStats {
-	return FlowTableStats{Entries: int(e.flowEntries.Load()), Removed: e.flowRemoved.Load(),
+	return FlowTableStats{Entries: int(e.flowEntries.Load()), LastPass: time.Duration(e.flowPassTook.Load()),
+		Removed:  e.flowRemoved.Load(),
 		Restored: e.flowRestored.Load(), LostDeletions: e.goneDropped.Load()}
 }
 

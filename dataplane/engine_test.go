@@ -19,7 +19,13 @@ import (
 )
 
 // startEngine runs an in-process Engine in the testbed's node namespace.
-func startEngine(t *testing.T, tb *testbed.Testbed) *Engine {
+func startEngine(t testing.TB, tb *testbed.Testbed) *Engine {
+	return startEngineSized(t, tb, 65536)
+}
+
+// startEngineSized is startEngine with a connection table of flows entries
+// and an XDP flow map twice that size.
+func startEngineSized(t testing.TB, tb *testbed.Testbed, flows int) *Engine {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatal("this test needs root (make test runs as root)")
@@ -32,7 +38,7 @@ func startEngine(t *testing.T, tb *testbed.Testbed) *Engine {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	var e *Engine
 	err := tb.Do(tb.NodeNS(), func() error {
-		k, err := NewKernel(KernelOptions{Interfaces: names, Log: log})
+		k, err := NewKernel(KernelOptions{Interfaces: names, Tables: xdp.Options{MaxFlows: 2 * flows}, Log: log})
 		if err != nil {
 			return err
 		}
@@ -43,7 +49,7 @@ func startEngine(t *testing.T, tb *testbed.Testbed) *Engine {
 				{Name: names[1], Mode: xdp.Native, Socket: sc},
 			},
 			ExceptionInterface: "xdpx0",
-			Conntrack:          conntrack.Config{Capacity: 65536},
+			Conntrack:          conntrack.Config{Capacity: flows},
 			SNATPorts:          conntrack.PortRange{First: 61000, Last: 65535},
 			Log:                log,
 		})
@@ -103,5 +109,41 @@ func TestEngineForwardsHTTP(t *testing.T) {
 	}
 	if len(hits) != 3 {
 		t.Fatalf("requests reached %d backends, want 3: %v", len(hits), hits)
+	}
+}
+
+// BenchmarkReconcilePass is one pass of the flow reconciler over a real XDP
+// flow map and connection table holding a million live flows: what a
+// periodic pass costs a node that busy, and what paces the passes
+// (reconcileDelays).
+func BenchmarkReconcilePass(b *testing.B) {
+	const flows = 1 << 20
+	tb := testbed.NewForTest(b, testbed.Options{})
+	e := startEngineSized(b, tb, flows)
+	now := monotonicNow()
+	w := e.tables.NewFlowWriter(4096)
+	for i := 0; i < flows; i++ {
+		orig := packet.Tuple{Src: packet.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), SrcPort: 40000,
+			Dst: packet.MustParseAddr("198.19.0.10"), DstPort: 80, Proto: packet.ProtoUDP}
+		xlat := orig
+		xlat.Dst, xlat.DstPort = packet.AddrFromNetip(testbed.BackendAddr(i%3)), testbed.HTTPPort
+		if _, res := e.ct.Insert(orig, xlat, 0, 1, now); res != conntrack.Inserted {
+			b.Fatalf("insert %d: %v", i, res)
+		}
+		if !w.Add(xdp.FlowKey(xlat.Reverse())) {
+			if _, err := w.Flush(); err != nil {
+				b.Fatal(err)
+			}
+			w.Add(xdp.FlowKey(xlat.Reverse()))
+		}
+	}
+	if _, err := w.Flush(); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		if removed, restored, err := e.reconcileOnce(); err != nil || removed != 0 || restored != 0 {
+			b.Fatalf("a pass over live flows removed %d and restored %d (%v)", removed, restored, err)
+		}
 	}
 }

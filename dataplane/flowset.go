@@ -12,7 +12,7 @@ import (
 // flow map during one pass, kept by their 64-bit hashes in one
 // pointer-free open-addressing table that the next pass reuses. A Go map of
 // the tuples themselves allocated and hashed a table of every tuple each
-// pass (tens of megabytes at a million flows, every 10 s), and half of the
+// pass (tens of megabytes at a million flows, on every pass), and half of the
 // pass's time went there during a flood of new flows.
 //
 // Two tuples with the same 64-bit hash count as one: the pass would then

@@ -22,7 +22,7 @@ type dataplaneCollector struct {
 	xdpFrames, xdpMatches                                                           *prometheus.Desc
 	ctEntries, ctState, ctCapacity, ctFill, ctEvents                                *prometheus.Desc
 	ifaceQueues, ifaceServed, healthy, synGuard                                     *prometheus.Desc
-	flowEntries, flowCapacity, flowEvents, localClients                             *prometheus.Desc
+	flowEntries, flowCapacity, flowEvents, flowPass, localClients                   *prometheus.Desc
 }
 
 func newDataplaneCollector(e *dataplane.Engine, p *health.Proxy, flowSlots int) *dataplaneCollector {
@@ -53,7 +53,8 @@ func newDataplaneCollector(e *dataplane.Engine, p *health.Proxy, flowSlots int) 
 		ifaceServed:  d("interface_served_queues", "Receive queues with a socket and a worker.", "interface"),
 		healthy:      d("healthy", "1 when the check passes: healthz, livez.", "check"),
 		synGuard:     d("syn_guard", "1 while the XDP program admits only retransmitted SYNs (a flood of new connections overruns the table)."),
-		flowEntries:  d("xdp_flow_table_entries", "Reply tuples in the XDP flow map at the reconciler's last pass (every 10 s)."),
+		flowEntries:  d("xdp_flow_table_entries", "Reply tuples in the XDP flow map at the reconciler's last pass (every 10 s, or 100 times the pass's duration when longer)."),
+		flowPass:     d("xdp_flow_table_reconcile_seconds", "How long the reconciler's last pass over the XDP flow map took."),
 		flowCapacity: d("xdp_flow_table_capacity", "Reply tuples the XDP flow map holds."),
 		flowEvents:   d("xdp_flow_table_events_total", "Reconciler repairs of the XDP flow map: stale tuples removed, live ones restored, deletions the janitor's queue lost.", "event"),
 		localClients: d("local_clients_total", "Service connections of clients on the node, as the socket programs handled them (translated, rejected, dropped, ...).", "event"),
@@ -63,7 +64,7 @@ func newDataplaneCollector(e *dataplane.Engine, p *health.Proxy, flowSlots int) 
 func (c *dataplaneCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.rx, c.fwd, c.replied, c.tx, c.copied, c.newFlows, c.wakeups, c.toKernel,
 		c.reasons, c.publishErrs, c.xdpFrames, c.xdpMatches, c.ctEntries, c.ctState, c.ctCapacity, c.ctFill, c.ctEvents,
-		c.ifaceQueues, c.ifaceServed, c.healthy, c.synGuard, c.flowEntries, c.flowCapacity, c.flowEvents, c.localClients} {
+		c.ifaceQueues, c.ifaceServed, c.healthy, c.synGuard, c.flowEntries, c.flowCapacity, c.flowEvents, c.flowPass, c.localClients} {
 		ch <- d
 	}
 }
@@ -138,6 +139,7 @@ func (c *dataplaneCollector) Collect(ch chan<- prometheus.Metric) {
 	ft := c.engine.FlowTableStats()
 	gauge(c.flowEntries, float64(ft.Entries))
 	gauge(c.flowCapacity, float64(c.flowSlots))
+	gauge(c.flowPass, ft.LastPass.Seconds())
 	counter(c.flowEvents, ft.Removed, "removed_stale")
 	counter(c.flowEvents, ft.Restored, "restored")
 	counter(c.flowEvents, ft.LostDeletions, "deletion_lost")
