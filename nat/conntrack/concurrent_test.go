@@ -257,3 +257,102 @@ func testConcurrentWorkers(t *testing.T, shards int) {
 		t.Logf("no entry expired during this run")
 	}
 }
+
+// A reader that loaded a shard's index before two rebuilds and probes it
+// while the second one rewrites it (the array it reuses) must not take
+// its miss for an answer: LookupKey then looks again.
+func TestMissInReusedArrayIsNotSure(t *testing.T) {
+	tb := newTable(t, Config{Capacity: 64, shards: 1, Timeouts: Timeouts{UDPUnreplied: time.Hour}})
+	if _, res := tb.Insert(dnatOrig(1), dnatTranslated(1), DNAT, 1, 0); res != Inserted {
+		t.Fatal(res)
+	}
+	k := packKey(ptr(dnatOrig(1)))
+	h := hashKey(&k, &tb.seed)
+	sh := tb.shardOf(h)
+	gen, arr := sh.indexGen.Load(), sh.index.Load() // the reader's view
+	var checked bool
+	tb.midRebuild = func(sh *shard, reused *slotArray) {
+		if reused != arr {
+			return // the first rebuild writes a new array
+		}
+		checked = true
+		var f Flow
+		if _, found, sure := tb.lookupIn(sh, arr, gen, &k, h, 0, &f); found || sure {
+			t.Errorf("a probe of the array a rebuild is rewriting: found %v, sure %v; want a miss that is not sure", found, sure)
+		}
+		if dir, ok := tb.LookupKey(&k, h, 0, &f); !ok || dir != Original {
+			t.Errorf("LookupKey during the rebuild: %v %v", dir, ok)
+		}
+	}
+	for range 2 {
+		sh.mu.Lock()
+		tb.rebuildLocked(sh)
+		sh.mu.Unlock()
+	}
+	if !checked {
+		t.Fatal("the second rebuild did not reuse the array the first one replaced")
+	}
+	var f Flow
+	if _, found, sure := tb.lookupIn(sh, sh.index.Load(), sh.indexGen.Load(), &k, h, 0, &f); !found || !sure {
+		t.Errorf("after the rebuilds: found %v, sure %v", found, sure)
+	}
+}
+
+
+// TestLookupDuringRebuilds keeps a few flows in a one-shard table and looks
+// them up from other goroutines while the writer churns the rest of the
+// table, so that tombstones force rebuild after rebuild, each reusing the
+// array the one before replaced. A reader probing an array while a
+// rebuild rewrites it must look again, never report a present flow
+// missing.
+func TestLookupDuringRebuilds(t *testing.T) {
+	const anchors = 8
+	tb := newTable(t, Config{Capacity: 256, shards: 1, Timeouts: Timeouts{UDPUnreplied: time.Hour}})
+	for i := range anchors {
+		if _, res := tb.Insert(dnatOrig(i), dnatTranslated(i), DNAT, 1, 0); res != Inserted {
+			t.Fatalf("anchor %d: %v", i, res)
+		}
+	}
+	var stop atomic.Bool
+	var misses atomic.Int64
+	var wg sync.WaitGroup
+	for r := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; !stop.Load(); i++ {
+				a := (i + r) % anchors
+				if _, _, ok := tb.Lookup(dnatOrig(a), 0); !ok {
+					misses.Add(1)
+				}
+				if _, _, ok := tb.Lookup(dnatTranslated(a).Reverse(), 0); !ok {
+					misses.Add(1)
+				}
+			}
+		}()
+	}
+	rounds := 400000
+	if testing.Short() || raceEnabled {
+		rounds = 60000
+	}
+	before := tb.Stats().IndexRebuilds
+	var window [240]Handle // live churn flows: deleting the oldest leaves tombstones inside probe runs
+	for j := range rounds {
+		if j >= len(window) {
+			tb.Delete(window[j%len(window)])
+		}
+		h, res := tb.Insert(junkOrig(j), junkTranslated(j), DNAT, 2, 0)
+		if res != Inserted {
+			t.Fatalf("churn %d: %v", j, res)
+		}
+		window[j%len(window)] = h
+	}
+	stop.Store(true)
+	wg.Wait()
+	if rebuilt := tb.Stats().IndexRebuilds - before; rebuilt < 100 {
+		t.Fatalf("only %d index rebuilds: the churn did not exercise them", rebuilt)
+	}
+	if n := misses.Load(); n > 0 {
+		t.Fatalf("%d lookups of flows that were in the table all along missed", n)
+	}
+}

@@ -128,8 +128,15 @@
 // ends just before an empty slot back into empty slots, which is safe
 // because no live key's probe sequence crosses an empty slot. If tombstones
 // still fill a shard's index to 3/4, the next insert publishes a rebuilt
-// copy through an atomic pointer (this one allocates); readers still on the
-// old copy find what it held and validate entries as always.
+// copy through an atomic pointer; readers still on the old copy find what
+// it held and validate entries as always. Under a flood into a full table
+// that happens often, so a rebuild allocates nothing after a shard's
+// first: it writes into the array the previous rebuild replaced (the
+// shard keeps it as its spare, which doubles the index's memory once the
+// churn starts) and keeps the one it replaces. A reader may still be
+// probing that reused array, so the shard's indexGen moves before the
+// array is cleared, and a lookup that missed while it moved looks again
+// (TestMissInReusedArrayIsNotSure).
 //
 // A lookup that races with the removal and re-insertion of the same key
 // may miss it; the dataplane then treats the packet as the start of a flow,

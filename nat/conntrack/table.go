@@ -237,9 +237,15 @@ type slotArray struct {
 type shard struct {
 	mu    sync.Mutex
 	index atomic.Pointer[slotArray]
-	id    int
-	first uint32 // entries [first, first+count) belong to this shard
-	count uint32
+	// indexGen counts the rebuilds that began. A rebuild reuses the
+	// array the one before it replaced (spare), which a lock-free reader
+	// may still be probing: a reader that misses looks again when
+	// indexGen moved while it probed (LookupKey).
+	indexGen atomic.Uint64
+	spare    *slotArray // guarded by mu
+	id       int
+	first    uint32 // entries [first, first+count) belong to this shard
+	count    uint32
 	// freeHead is the first free entry + 1, 0 when none. Written under
 	// mu; read without it only as a hint (PrefetchInsert).
 	freeHead atomic.Uint32
@@ -296,6 +302,10 @@ type Table struct {
 
 	state    *stateFile // nil without StatePath
 	restored RestoreInfo
+
+	// midRebuild, when set (tests only), runs in rebuildLocked after the
+	// reused array was cleared and before it is filled.
+	midRebuild func(sh *shard, reused *slotArray)
 }
 
 // New allocates a table for cfg.Capacity flows.
@@ -419,8 +429,21 @@ func (t *Table) Lookup(tu packet.Tuple, now int64) (Flow, Direction, bool) {
 // by value is copied just after it was written field by field, which on
 // amd64 stalls on a failed store-to-load forward.
 func (t *Table) LookupKey(k *Key, h uint64, now int64, f *Flow) (Direction, bool) {
-	arr := t.shardOf(h).index.Load()
+	sh := t.shardOf(h)
 	nowMs := msOf(now)
+	for {
+		gen := sh.indexGen.Load()
+		if dir, found, sure := t.lookupIn(sh, sh.index.Load(), gen, k, h, nowMs, f); sure {
+			return dir, found
+		}
+	}
+}
+
+// lookupIn probes arr, which the caller loaded from sh after reading
+// indexGen as gen, for k. A miss is sure only if no rebuild began since
+// gen: a rebuild may be rewriting arr (rebuildLocked), and the caller
+// must then look again.
+func (t *Table) lookupIn(sh *shard, arr *slotArray, gen uint64, k *Key, h, nowMs uint64, f *Flow) (dir Direction, found, sure bool) {
 	tag := h >> tagShift
 	pos := h & arr.mask
 	for n := uint64(0); n <= arr.mask; n++ {
@@ -434,12 +457,12 @@ func (t *Table) LookupKey(k *Key, h uint64, now int64, f *Flow) (Direction, bool
 				dir = Reply
 			}
 			if t.readFlow(uint32(s)-1, dir, k, nowMs, f) {
-				return dir, true
+				return dir, true, true
 			}
 		}
 		pos = (pos + 1) & arr.mask
 	}
-	return Original, false
+	return Original, false, sh.indexGen.Load() == gen
 }
 
 // readFlow reads entry idx under its seqlock and fills f if the entry holds
@@ -740,12 +763,30 @@ func (t *Table) roomInIndex(sh *shard, need int) bool {
 
 // rebuildLocked publishes a copy of sh's index without tombstones. Readers
 // still probing the old array find what it held; entries they reach are
-// validated as always. This allocates, and happens only when tombstones
-// fill a quarter of the slots. Each key's hash is computed again from the
-// entry, whose keys cannot change while sh is locked and the slot is live.
+// validated as always. It happens only when tombstones fill a quarter of
+// the slots, which under a flood of new flows is often, so it allocates
+// nothing: it writes into the array the previous rebuild replaced
+// (sh.spare) and keeps the one it replaces for the next. A reader may
+// still be probing that reused array, so indexGen moves before it is
+// cleared, and LookupKey looks again after a miss that saw it move. Each
+// key's hash is computed again from the entry, whose keys cannot change
+// while sh is locked and the slot is live.
 func (t *Table) rebuildLocked(sh *shard) {
 	old := sh.index.Load()
-	fresh := newSlotArray(len(old.slots))
+	fresh := sh.spare
+	// Before any store into the reused array (storeRelease keeps them
+	// after this on arm64; on amd64 the locked add orders them).
+	sh.indexGen.Add(1)
+	if fresh == nil || len(fresh.slots) != len(old.slots) {
+		fresh = newSlotArray(len(old.slots))
+	} else {
+		for i := range fresh.slots {
+			storeRelease(&fresh.slots[i], slotEmpty)
+		}
+	}
+	if t.midRebuild != nil {
+		t.midRebuild(sh, fresh)
+	}
 	sh.used, sh.tombs = 0, 0
 	for i := range old.slots {
 		s := old.slots[i].Load()
@@ -764,10 +805,11 @@ func (t *Table) rebuildLocked(sh *shard) {
 		for fresh.slots[pos].Load() != slotEmpty {
 			pos = (pos + 1) & fresh.mask
 		}
-		fresh.slots[pos].Store(s)
+		storeRelease(&fresh.slots[pos], s)
 		sh.used++
 	}
 	sh.index.Store(fresh)
+	sh.spare = old
 	sh.c.rebuilds.Add(1)
 }
 

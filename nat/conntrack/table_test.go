@@ -1003,3 +1003,37 @@ func TestZeroAllocs(t *testing.T) {
 		t.Errorf("fragments: %v allocs", a)
 	}
 }
+
+// Under churn that rebuilds the index again and again (a flood of new
+// flows into a full table), inserting and removing allocates nothing once
+// each shard has rebuilt once: a rebuild reuses the array the one before
+// replaced.
+func TestRebuildAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	tb := newTable(t, Config{Capacity: 256, shards: 1, Timeouts: Timeouts{UDPUnreplied: time.Hour}})
+	var window [240]Handle // live flows: deleting the oldest leaves tombstones inside probe runs
+	j := 0
+	churn := func() {
+		if j >= len(window) {
+			tb.Delete(window[j%len(window)])
+		}
+		h, res := tb.Insert(junkOrig(j), junkTranslated(j), DNAT, 2, 0)
+		if res != Inserted {
+			t.Fatalf("churn %d: %v", j, res)
+		}
+		window[j%len(window)] = h
+		j++
+	}
+	for range 2000 {
+		churn()
+	}
+	before := tb.Stats().IndexRebuilds
+	if allocs := testing.AllocsPerRun(5000, churn); allocs != 0 {
+		t.Errorf("an insert and a delete allocated %v times on average", allocs)
+	}
+	if rebuilt := tb.Stats().IndexRebuilds - before; rebuilt < 10 {
+		t.Fatalf("only %d rebuilds while measuring", rebuilt)
+	}
+}
