@@ -298,7 +298,6 @@ func TestMissInReusedArrayIsNotSure(t *testing.T) {
 	}
 }
 
-
 // TestLookupDuringRebuilds keeps a few flows in a one-shard table and looks
 // them up from other goroutines while the writer churns the rest of the
 // table, so that tombstones force rebuild after rebuild, each reusing the
