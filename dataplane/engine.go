@@ -141,6 +141,10 @@ type Engine struct {
 	reconcileMu sync.Mutex
 	inFlowMap   flowSet
 	synGuardOn  atomic.Bool
+	// snatPortsProblem says why the SNAT ports are no longer safe from
+	// the node's own connections ("" when they are): watchSNATPorts keeps
+	// it, Healthy reports it.
+	snatPortsProblem atomic.Pointer[string]
 	// overrun wakes the SYN guard when an insert found the connection
 	// table full (conntrack's OnOverrun).
 	overrun chan struct{}
@@ -308,6 +312,13 @@ func Start(cfg EngineConfig) (_ *Engine, err error) {
 		defer e.wg.Done()
 		e.reconcileFlows()
 	}()
+	if cfg.SNATPorts.First != 0 {
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			e.watchSNATPorts()
+		}()
+	}
 	return e, nil
 }
 
@@ -369,20 +380,122 @@ func (e *Engine) checkSNATPorts() error {
 			"masquerade.reservePorts to reserve them with net.ipv4.ip_local_reserved_ports",
 			r.First, r.Last, eph.First, eph.Last)
 	}
-	added, err := e.k.ReservePorts(r)
-	if err != nil {
-		return fmt.Errorf("reserving SNAT ports %d-%d: %w", r.First, r.Last, err)
-	}
-	if added && e.cfg.StateDir != "" {
-		// What xdproxy added, xdproxy cleanup takes out again; an entry
-		// the list had before is the operator's.
-		if err := os.WriteFile(filepath.Join(e.cfg.StateDir, reservedPortsFile), fmt.Appendf(nil, "%d-%d\n", r.First, r.Last), 0o600); err != nil {
-			return fmt.Errorf("recording the reserved SNAT ports: %w", err)
-		}
+	if _, err := e.reserveSNATPorts(); err != nil {
+		return err
 	}
 	e.log.Info("SNAT ports reserved from the kernel's ephemeral range", "snat", fmt.Sprintf("%d-%d", r.First, r.Last),
 		"ephemeral", fmt.Sprintf("%d-%d", eph.First, eph.Last))
 	return nil
+}
+
+// reserveSNATPorts adds the SNAT ports to net.ipv4.ip_local_reserved_ports
+// and, when it added them (not when the list held them already: that
+// entry is the operator's), records that in StateDir, so that xdproxy
+// cleanup takes out exactly what xdproxy put in.
+func (e *Engine) reserveSNATPorts() (added bool, err error) {
+	r := e.cfg.SNATPorts
+	added, err = e.k.ReservePorts(r)
+	if err != nil {
+		return false, fmt.Errorf("reserving SNAT ports %d-%d: %w", r.First, r.Last, err)
+	}
+	if added && e.cfg.StateDir != "" {
+		if err := os.WriteFile(filepath.Join(e.cfg.StateDir, reservedPortsFile), fmt.Appendf(nil, "%d-%d\n", r.First, r.Last), 0o600); err != nil {
+			return added, fmt.Errorf("recording the reserved SNAT ports: %w", err)
+		}
+	}
+	return added, nil
+}
+
+// snatPortsCheckInterval is how often watchSNATPorts looks at the node's
+// port sysctls again.
+const snatPortsCheckInterval = 30 * time.Second
+
+// watchSNATPorts checks the SNAT ports against the node's ephemeral range
+// again every snatPortsCheckInterval: checkSNATPorts did at start, but an
+// operator or another agent may widen net.ipv4.ip_local_port_range or
+// rewrite net.ipv4.ip_local_reserved_ports later, and the node's own
+// connections could then take SNAT ports, whose replies xdproxy would
+// take for its flows'.
+func (e *Engine) watchSNATPorts() {
+	t := time.NewTicker(snatPortsCheckInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-e.stop:
+			return
+		case <-t.C:
+			e.recheckSNATPorts()
+		}
+	}
+}
+
+// recheckSNATPorts is one check of watchSNATPorts. With
+// masquerade.reservePorts it reserves the ports again if someone took them
+// out of the reserved list; otherwise an overlap can only be reported (the
+// ephemeral range is the operator's): Healthy fails, with both ranges,
+// until it is gone.
+func (e *Engine) recheckSNATPorts() {
+	problem := e.snatPortsConflict()
+	old := ""
+	if p := e.snatPortsProblem.Swap(&problem); p != nil {
+		old = *p
+	}
+	switch {
+	case problem != "" && problem != old:
+		e.log.Error("SNAT ports unsafe", "problem", problem)
+	case problem == "" && old != "":
+		e.log.Info("SNAT ports safe again", "snat", fmt.Sprintf("%d-%d", e.cfg.SNATPorts.First, e.cfg.SNATPorts.Last))
+	}
+}
+
+func (e *Engine) snatPortsConflict() string {
+	r := e.cfg.SNATPorts
+	eph, err := e.k.LocalPortRange()
+	if err != nil {
+		return fmt.Sprintf("reading the ephemeral port range: %v", err)
+	}
+	if r.Last < eph.First || r.First > eph.Last {
+		return ""
+	}
+	if !e.cfg.ReserveSNATPorts {
+		return fmt.Sprintf("masquerade.portRange %d-%d now overlaps net.ipv4.ip_local_port_range %d-%d (changed since "+
+			"xdproxy started): the node's own connections may take SNAT ports", r.First, r.Last, eph.First, eph.Last)
+	}
+	inside := conntrack.PortRange{First: max(r.First, eph.First), Last: min(r.Last, eph.Last)}
+	reserved, err := e.k.ReservedPorts()
+	if err != nil {
+		return fmt.Sprintf("reading the reserved ports: %v", err)
+	}
+	if portsCovered(reserved, inside) {
+		return ""
+	}
+	if _, err := e.reserveSNATPorts(); err != nil {
+		return fmt.Sprintf("SNAT ports %d-%d are in net.ipv4.ip_local_port_range %d-%d and not reserved: %v",
+			r.First, r.Last, eph.First, eph.Last, err)
+	}
+	// Either the ephemeral range grew over them since the start, or
+	// someone rewrote the reserved list.
+	e.log.Warn("SNAT ports were in the ephemeral range without a reservation; reserved them",
+		"snat", fmt.Sprintf("%d-%d", r.First, r.Last), "ephemeral", fmt.Sprintf("%d-%d", eph.First, eph.Last))
+	return ""
+}
+
+// portsCovered reports whether every port of r is in one of the ranges.
+func portsCovered(ranges []conntrack.PortRange, r conntrack.PortRange) bool {
+	for p := int(r.First); p <= int(r.Last); p++ {
+		in := false
+		for _, q := range ranges {
+			if uint16(p) >= q.First && uint16(p) <= q.Last {
+				// Skip to the end of this range at once.
+				p, in = int(q.Last), true
+				break
+			}
+		}
+		if !in {
+			return false
+		}
+	}
+	return true
 }
 
 // openKernelPort sets up the exception link and serves xdproxy's end of
@@ -851,13 +964,17 @@ func (e *Engine) Interfaces() []InterfaceStatus {
 }
 
 // Healthy returns nil when every configured interface has every queue
-// served, and otherwise says which is not.
+// served and the SNAT ports are still out of the node's ephemeral range
+// (or reserved), and otherwise says what is wrong.
 func (e *Engine) Healthy() error {
 	var problems []string
 	for _, s := range e.Interfaces() {
 		if s.Problem != "" {
 			problems = append(problems, s.Name+": "+s.Problem)
 		}
+	}
+	if p := e.snatPortsProblem.Load(); p != nil && *p != "" {
+		problems = append(problems, *p)
 	}
 	if len(problems) > 0 {
 		return errors.New(strings.Join(problems, "; "))
@@ -1197,11 +1314,18 @@ func (e *Engine) reconcileFlows() {
 			return
 		case <-t.C:
 		case <-e.reconcileNow:
+			// A second at least, so that requests that come together
+			// get one pass; and no sooner than early after the last.
 			select {
 			case <-e.stop:
 				return
-			case <-time.After(time.Until(last.Add(early))):
+			case <-time.After(max(time.Second, time.Until(last.Add(early)))):
 			}
+		}
+		// This pass answers any request made so far.
+		select {
+		case <-e.reconcileNow:
+		default:
 		}
 		start := time.Now()
 		removed, restored, err := e.reconcileOnce()

@@ -418,10 +418,6 @@ func TestReconcileRestoresAndRemovesTuples(t *testing.T) {
 	}
 }
 
-// TestTupleTakenAgainIsNotDeleted: a new flow that takes an ended flow's
-// reply tuple between the janitor's (or the reconciler's) finding it gone
-// and the delete keeps its tuple in the XDP flow table: its replies still
-// reach xdproxy.
 // The reconciler's passes cost at most 1% of a core on a large table (10%
 // when asked for early), and come every 10 s on a small one.
 func TestReconcilePaceFollowsPassCost(t *testing.T) {
@@ -464,6 +460,10 @@ func TestReconcileAskedEarlyRuns(t *testing.T) {
 	}
 }
 
+// TestTupleTakenAgainIsNotDeleted: a new flow that takes an ended flow's
+// reply tuple between the janitor's (or the reconciler's) finding it gone
+// and the delete keeps its tuple in the XDP flow table: its replies still
+// reach xdproxy.
 func TestTupleTakenAgainIsNotDeleted(t *testing.T) {
 	for _, by := range []string{"janitor", "reconciler"} {
 		t.Run(by, func(t *testing.T) {
@@ -592,6 +592,91 @@ func TestSNATPortsMustNotOverlapEphemeral(t *testing.T) {
 		t.Errorf("recorded reservation %q, %v", b, err)
 	}
 	startFakeNode(t, 1, nil) // 61000-65535 on 32768-60999: fine
+}
+
+// TestSNATPortsWatched: an ephemeral range widened over the SNAT ports
+// after start makes the engine unhealthy, naming both ranges, until it is
+// narrowed again; with reservePorts, ports someone took out of the
+// reserved list are reserved again.
+func TestSNATPortsWatched(t *testing.T) {
+	fn := startFakeNode(t, 1, nil) // SNAT 61000-65535, ephemeral 32768-60999
+	fn.e.recheckSNATPorts()
+	if err := fn.e.Healthy(); err != nil {
+		t.Fatalf("healthy at start: %v", err)
+	}
+	fn.k.mu.Lock()
+	fn.k.ephemeral = conntrack.PortRange{First: 32768, Last: 65535}
+	fn.k.mu.Unlock()
+	fn.e.recheckSNATPorts()
+	if err := fn.e.Healthy(); err == nil || !strings.Contains(err.Error(), "61000-65535 now overlaps net.ipv4.ip_local_port_range 32768-65535") {
+		t.Fatalf("after the ephemeral range grew over the SNAT ports: %v", err)
+	}
+	fn.k.mu.Lock()
+	fn.k.ephemeral = conntrack.PortRange{First: 32768, Last: 60999}
+	fn.k.mu.Unlock()
+	fn.e.recheckSNATPorts()
+	if err := fn.e.Healthy(); err != nil {
+		t.Fatalf("after the ephemeral range shrank back: %v", err)
+	}
+
+	k := newFakeKernel()
+	k.addLink("n0", 1, "198.18.0.1")
+	dir := t.TempDir()
+	e, err := Start(EngineConfig{Kernel: k, Log: quietLog(), Conntrack: conntrack.Config{Capacity: 1024},
+		Interfaces: []InterfaceConfig{{Name: "n0", Socket: afxdp.DefaultConfig()}},
+		SNATPorts:  conntrack.PortRange{First: 40000, Last: 49999}, ReserveSNATPorts: true, StateDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	record := filepath.Join(dir, reservedPortsFile)
+	if err := os.Remove(record); err != nil {
+		t.Fatal(err)
+	}
+	k.mu.Lock()
+	k.reserved = []conntrack.PortRange{{First: 8080, Last: 8080}} // another agent rewrote the list
+	k.mu.Unlock()
+	e.recheckSNATPorts()
+	got, _ := k.ReservedPorts()
+	if !portsCovered(got, conntrack.PortRange{First: 40000, Last: 49999}) {
+		t.Errorf("reserved %v after the SNAT ports were taken out: not reserved again", got)
+	}
+	// What the check added, xdproxy cleanup must find to take out.
+	if b, err := os.ReadFile(record); err != nil || string(b) != "40000-49999\n" {
+		t.Errorf("the reservation made again is not recorded: %q, %v", b, err)
+	}
+	if err := e.Healthy(); err != nil {
+		t.Errorf("unhealthy after reserving again: %v", err)
+	}
+}
+
+func TestPortsCovered(t *testing.T) {
+	r := func(a, b uint16) conntrack.PortRange { return conntrack.PortRange{First: a, Last: b} }
+	for _, c := range []struct {
+		ranges []conntrack.PortRange
+		want   conntrack.PortRange
+		ok     bool
+	}{
+		{nil, r(1, 1), false},
+		{[]conntrack.PortRange{r(40000, 44999), r(45000, 49999)}, r(40000, 49999), true},
+		{[]conntrack.PortRange{r(40000, 44999), r(45001, 49999)}, r(40000, 49999), false},
+		{[]conntrack.PortRange{r(30000, 65535)}, r(61000, 65535), true},
+		{[]conntrack.PortRange{r(61000, 65534)}, r(61000, 65535), false},
+	} {
+		if got := portsCovered(c.ranges, c.want); got != c.ok {
+			t.Errorf("portsCovered(%v, %v) = %v, want %v", c.ranges, c.want, got, c.ok)
+		}
+	}
+	got, err := parsePortList("8080,40000-49999\n")
+	if want := []conntrack.PortRange{r(8080, 8080), r(40000, 49999)}; err != nil || !slices.Equal(got, want) {
+		t.Errorf("parsePortList: %v, %v; want %v", got, err, want)
+	}
+	if got, err := parsePortList("\n"); err != nil || len(got) != 0 {
+		t.Errorf("parsePortList of an empty list: %v, %v", got, err)
+	}
+	if _, err := parsePortList("1-x"); err == nil {
+		t.Error("parsePortList accepted a bad entry")
+	}
 }
 
 // TestStateSurvivesRestart: with a state directory, a second engine

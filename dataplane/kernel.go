@@ -130,6 +130,8 @@ type Kernel interface {
 	// kernel never picks those ports for the node's own connections;
 	// added is false when the list held r already.
 	ReservePorts(r conntrack.PortRange) (added bool, err error)
+	// ReservedPorts is net.ipv4.ip_local_reserved_ports as ranges.
+	ReservedPorts() ([]conntrack.PortRange, error)
 	// Tables are the program's shared tables.
 	Tables() Tables
 	// LocalClients is the translation at the socket for clients on the

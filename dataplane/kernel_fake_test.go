@@ -592,13 +592,23 @@ func (k *fakeKernel) ExceptionLink(name string) (Link, Link, error) {
 	return ke, xe, nil
 }
 
-func (k *fakeKernel) LocalPortRange() (conntrack.PortRange, error) { return k.ephemeral, nil }
+func (k *fakeKernel) LocalPortRange() (conntrack.PortRange, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.ephemeral, nil
+}
 
 func (k *fakeKernel) ReservePorts(r conntrack.PortRange) (bool, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.reserved = append(k.reserved, r)
 	return true, nil
+}
+
+func (k *fakeKernel) ReservedPorts() ([]conntrack.PortRange, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return slices.Clone(k.reserved), nil
 }
 
 func (k *fakeKernel) Tables() Tables { return k.tables }

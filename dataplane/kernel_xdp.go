@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -411,6 +412,41 @@ func (k *xdpKernel) ReservePorts(r conntrack.PortRange) (added bool, err error) 
 		return writeSysctl(reservedPortsKey, ours)
 	})
 	return added && err == nil, err
+}
+
+func (k *xdpKernel) ReservedPorts() ([]conntrack.PortRange, error) {
+	var rs []conntrack.PortRange
+	err := k.inNS(func() error {
+		v, err := readSysctl(reservedPortsKey)
+		if err != nil {
+			return err
+		}
+		rs, err = parsePortList(v)
+		return err
+	})
+	return rs, err
+}
+
+// parsePortList parses a port list as net.ipv4.ip_local_reserved_ports
+// prints it: "8080,40000-49999", empty when none.
+func parsePortList(v string) ([]conntrack.PortRange, error) {
+	var rs []conntrack.PortRange
+	for _, part := range strings.Split(strings.TrimSpace(v), ",") {
+		if part == "" {
+			continue
+		}
+		lo, hi, isRange := strings.Cut(part, "-")
+		if !isRange {
+			hi = lo
+		}
+		first, err1 := strconv.ParseUint(lo, 10, 16)
+		last, err2 := strconv.ParseUint(hi, 10, 16)
+		if err1 != nil || err2 != nil || first > last {
+			return nil, fmt.Errorf("port list %q: bad entry %q", strings.TrimSpace(v), part)
+		}
+		rs = append(rs, conntrack.PortRange{First: uint16(first), Last: uint16(last)})
+	}
+	return rs, nil
 }
 
 // unreservePorts takes r out of net.ipv4.ip_local_reserved_ports in the

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -179,6 +180,9 @@ func TestKernelPorts(t *testing.T) {
 	}
 	if got := reserved(); got != "8080,40000-40999" {
 		t.Errorf("ip_local_reserved_ports %q, want the old entry kept and ours added once", got)
+	}
+	if got, err := k.ReservedPorts(); err != nil || !slices.Equal(got, []conntrack.PortRange{{First: 8080, Last: 8080}, ours}) {
+		t.Errorf("ReservedPorts %v, %v", got, err)
 	}
 	// xdproxy cleanup takes out its own entry and nothing else.
 	err = k.(*xdpKernel).inNS(func() error {

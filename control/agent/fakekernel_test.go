@@ -75,6 +75,7 @@ func (k *fakeKernel) LocalPortRange() (conntrack.PortRange, error) {
 	return conntrack.PortRange{First: 32768, Last: 60999}, nil
 }
 func (k *fakeKernel) ReservePorts(conntrack.PortRange) (bool, error) { return false, nil }
+func (k *fakeKernel) ReservedPorts() ([]conntrack.PortRange, error)  { return nil, nil }
 func (k *fakeKernel) Tables() dataplane.Tables                       { return k.tables }
 func (k *fakeKernel) LocalClients() dataplane.LocalClients           { return nil }
 func (k *fakeKernel) Resolver() dataplane.Resolver                   { return fakeResolver{} }

@@ -25,7 +25,7 @@ func TestDataplaneMetrics(t *testing.T) {
 		}
 	}
 	for _, name := range []string{"xdproxy_xdp_flow_table_entries", "xdproxy_xdp_flow_table_capacity",
-		"xdproxy_xdp_flow_table_events_total", "xdproxy_xdp_flow_table_reconcile_seconds", "xdproxy_conntrack_fill_ratio", "xdproxy_conntrack_capacity",
+		"xdproxy_xdp_flow_table_events_total", "xdproxy_xdp_flow_table_last_pass_seconds", "xdproxy_conntrack_fill_ratio", "xdproxy_conntrack_capacity",
 		"xdproxy_syn_guard", "xdproxy_healthy", "xdproxy_worker_rx_frames_total"} {
 		if _, ok := got[name]; !ok {
 			t.Errorf("%s is not exposed", name)
