@@ -35,7 +35,9 @@
 // open-addressing index of at least 4 slots per entry, rounded up to a power
 // of two (64-bit words: 32 to 64 bytes per entry); the shards' first
 // index arrays are one allocation. A 1M-flow table takes 160 bytes per
-// flow in all (TestMemoryPerEntry). New asks for transparent huge pages for
+// flow in all (TestMemoryPerEntry); once churn has made a shard rebuild
+// its index, the shard keeps a second array for the next rebuild (see
+// "Deletion, tombstones and reuse"), up to 32-64 bytes more per flow. New asks for transparent huge pages for
 // the slab and the index (MADV_HUGEPAGE: lookups touch both at random, and
 // with 4 KiB pages most of them would also miss the TLB) and faults every
 // page in at once, so that no early flow pays a page fault.

@@ -226,7 +226,7 @@ func msOf(now int64) uint64 {
 }
 
 // slotArray is one shard's open-addressing index. The array itself never
-// changes size; a rebuild publishes a new one.
+// changes size; a rebuild fills the shard's spare array and publishes it.
 type slotArray struct {
 	slots []atomic.Uint64
 	mask  uint64
@@ -357,7 +357,8 @@ func New(cfg Config) (*Table, error) {
 	}
 	// The shards' first index arrays are one allocation, so that huge
 	// pages can back them (one shard's array is often smaller than a
-	// huge page). A rebuild gives a shard an array of its own.
+	// huge page). A shard's first rebuild gives it a second array of its
+	// own, and rebuilds then alternate between the two.
 	slots := make([]atomic.Uint64, nShards*nSlots)
 	prepareMemory(slots)
 	for i := range t.shards {
@@ -404,7 +405,9 @@ func (t *Table) setSeed(seed uint64) {
 }
 
 func newSlotArray(n int) *slotArray {
-	return &slotArray{slots: make([]atomic.Uint64, n), mask: uint64(n - 1)}
+	a := &slotArray{slots: make([]atomic.Uint64, n), mask: uint64(n - 1)}
+	prepareMemory(a.slots) // as New does for the first arrays: it lives as long
+	return a
 }
 
 // Capacity is the number of flows the table holds.
@@ -431,6 +434,9 @@ func (t *Table) Lookup(tu packet.Tuple, now int64) (Flow, Direction, bool) {
 func (t *Table) LookupKey(k *Key, h uint64, now int64, f *Flow) (Direction, bool) {
 	sh := t.shardOf(h)
 	nowMs := msOf(now)
+	// It looks again only when a rebuild began during its probe, and a
+	// rebuild needs many inserts into the shard first: a reader would
+	// have to be descheduled mid-probe again and again to loop for long.
 	for {
 		gen := sh.indexGen.Load()
 		if dir, found, sure := t.lookupIn(sh, sh.index.Load(), gen, k, h, nowMs, f); sure {
