@@ -564,6 +564,23 @@ func TestEndedFlowLeavesTheFlowTable(t *testing.T) {
 	await(t, "the tuple to leave the flow table", func() bool { return !fn.k.tables.hasFlow(reply) })
 }
 
+// startReservingSNAT starts an engine on a fake node whose SNAT ports,
+// 40000-49999, lie in the ephemeral range and are to be reserved, with a
+// state directory for the record of the reservation.
+func startReservingSNAT(t *testing.T) (*Engine, *fakeKernel, string) {
+	t.Helper()
+	k := newFakeKernel()
+	k.addLink("n0", 1, "198.18.0.1")
+	dir := t.TempDir()
+	e, err := Start(EngineConfig{Kernel: k, Log: quietLog(), Conntrack: conntrack.Config{Capacity: 1024},
+		Interfaces: []InterfaceConfig{{Name: "n0", Socket: afxdp.DefaultConfig()}},
+		SNATPorts:  conntrack.PortRange{First: 40000, Last: 49999}, ReserveSNATPorts: true, StateDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, k, dir
+}
+
 // TestSNATPortsMustNotOverlapEphemeral: SNAT ports inside the kernel's
 // ephemeral range are refused, naming both ranges, unless reserving them
 // is allowed; the default range works on a stock node.
@@ -574,15 +591,7 @@ func TestSNATPortsMustNotOverlapEphemeral(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "32768-60999 overlaps net.ipv4.ip_local_port_range 32768-60999") {
 		t.Fatalf("overlapping SNAT range: %v", err)
 	}
-	k = newFakeKernel()
-	k.addLink("n0", 1, "198.18.0.1")
-	dir := t.TempDir()
-	e, err := Start(EngineConfig{Kernel: k, Log: quietLog(), Conntrack: conntrack.Config{Capacity: 1024},
-		Interfaces: []InterfaceConfig{{Name: "n0", Socket: afxdp.DefaultConfig()}},
-		SNATPorts:  conntrack.PortRange{First: 40000, Last: 49999}, ReserveSNATPorts: true, StateDir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, k, dir := startReservingSNAT(t)
 	e.Close()
 	if want := (conntrack.PortRange{First: 40000, Last: 49999}); len(k.reserved) != 1 || k.reserved[0] != want {
 		t.Errorf("reserved %v, want [%v]", k.reserved, want)
@@ -619,15 +628,7 @@ func TestSNATPortsWatched(t *testing.T) {
 		t.Fatalf("after the ephemeral range shrank back: %v", err)
 	}
 
-	k := newFakeKernel()
-	k.addLink("n0", 1, "198.18.0.1")
-	dir := t.TempDir()
-	e, err := Start(EngineConfig{Kernel: k, Log: quietLog(), Conntrack: conntrack.Config{Capacity: 1024},
-		Interfaces: []InterfaceConfig{{Name: "n0", Socket: afxdp.DefaultConfig()}},
-		SNATPorts:  conntrack.PortRange{First: 40000, Last: 49999}, ReserveSNATPorts: true, StateDir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, k, dir := startReservingSNAT(t)
 	defer e.Close()
 	record := filepath.Join(dir, reservedPortsFile)
 	if err := os.Remove(record); err != nil {

@@ -336,16 +336,9 @@ func TestLookupDuringRebuilds(t *testing.T) {
 		rounds = 60000
 	}
 	before := tb.Stats().IndexRebuilds
-	var window [240]Handle // live churn flows: deleting the oldest leaves tombstones inside probe runs
-	for j := range rounds {
-		if j >= len(window) {
-			tb.Delete(window[j%len(window)])
-		}
-		h, res := tb.Insert(junkOrig(j), junkTranslated(j), DNAT, 2, 0)
-		if res != Inserted {
-			t.Fatalf("churn %d: %v", j, res)
-		}
-		window[j%len(window)] = h
+	c := rebuildChurn{t: t, tb: tb}
+	for range rounds {
+		c.step()
 	}
 	stop.Store(true)
 	wg.Wait()

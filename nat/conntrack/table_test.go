@@ -1013,19 +1013,8 @@ func TestRebuildAllocatesNothing(t *testing.T) {
 		t.Skip("the race detector allocates")
 	}
 	tb := newTable(t, Config{Capacity: 256, shards: 1, Timeouts: Timeouts{UDPUnreplied: time.Hour}})
-	var window [240]Handle // live flows: deleting the oldest leaves tombstones inside probe runs
-	j := 0
-	churn := func() {
-		if j >= len(window) {
-			tb.Delete(window[j%len(window)])
-		}
-		h, res := tb.Insert(junkOrig(j), junkTranslated(j), DNAT, 2, 0)
-		if res != Inserted {
-			t.Fatalf("churn %d: %v", j, res)
-		}
-		window[j%len(window)] = h
-		j++
-	}
+	c := rebuildChurn{t: t, tb: tb}
+	churn := c.step
 	for range 2000 {
 		churn()
 	}
@@ -1036,4 +1025,26 @@ func TestRebuildAllocatesNothing(t *testing.T) {
 	if rebuilt := tb.Stats().IndexRebuilds - before; rebuilt < 10 {
 		t.Fatalf("only %d rebuilds while measuring", rebuilt)
 	}
+}
+
+// rebuildChurn inserts flow after flow into a table of 256 and, once 240
+// of them are live, deletes the oldest with each insert: that leaves
+// tombstones inside probe runs, so the index rebuilds again and again.
+type rebuildChurn struct {
+	t      testing.TB
+	tb     *Table
+	window [240]Handle
+	j      int
+}
+
+func (c *rebuildChurn) step() {
+	if c.j >= len(c.window) {
+		c.tb.Delete(c.window[c.j%len(c.window)])
+	}
+	h, res := c.tb.Insert(junkOrig(c.j), junkTranslated(c.j), DNAT, 2, 0)
+	if res != Inserted {
+		c.t.Fatalf("churn %d: %v", c.j, res)
+	}
+	c.window[c.j%len(c.window)] = h
+	c.j++
 }
