@@ -187,7 +187,7 @@ func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, n
 
 // startFakeEngine runs the real engine on a fake kernel with queues
 // queues on one interface, its workers unpinned.
-func startFakeEngine(t *testing.T, queues int) (*dataplane.Engine, *fakeKernel) {
+func startFakeEngine(t testing.TB, queues int) (*dataplane.Engine, *fakeKernel) {
 	t.Helper()
 	k := newFakeKernel(queues)
 	e, err := dataplane.Start(dataplane.EngineConfig{

@@ -126,7 +126,7 @@ func TestFaultyPublisherConcurrent(t *testing.T) {
 
 // fakeAgent is an agent on the fake kernel with a publisher, health
 // servers listening on 127.0.0.1, and no source.
-func fakeAgent(t *testing.T) (*agent, *fakeKernel) {
+func fakeAgent(t testing.TB) (*agent, *fakeKernel) {
 	t.Helper()
 	e, k := startFakeEngine(t, 1)
 	a := &agent{cfg: &config.Config{NodeName: "node-1"}, log: quietLog(), engine: e}
@@ -142,7 +142,7 @@ func fakeAgent(t *testing.T) (*agent, *fakeKernel) {
 }
 
 // freePort is a TCP port nothing listens on at 127.0.0.1 just now.
-func freePort(t *testing.T) uint16 {
+func freePort(t testing.TB) uint16 {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

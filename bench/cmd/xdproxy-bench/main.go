@@ -91,6 +91,7 @@ func benchCmd(args []string) error {
 		costRate     = fs.Float64("cost-rate", 0, "offered pps of the cost runs (default: min(200k, half the generator ceiling))")
 		size         = fs.Int("size", 64, "frame size including FCS")
 		tcp          = fs.Bool("tcp", true, "run the TCP connection test")
+		tcpDuration  = fs.Duration("tcp-duration", 0, "length of the TCP connection test (default 3s; quick 2s)")
 		packet       = fs.Bool("packet", true, "run the packet-rate tests")
 		profile      = fs.Bool("profile", true, "profile the running xdproxy binary under traffic (admin socket /debug/pprof/profile)")
 		profileSvc   = fs.Int("profile-services", 0, "service count of the profiles (default 1000 when measured, else the most)")
@@ -172,6 +173,9 @@ func benchCmd(args []string) error {
 	}
 	if *trial > 0 {
 		cfg.Trial = *trial
+	}
+	if *tcpDuration > 0 {
+		cfg.TCPDuration = *tcpDuration
 	}
 	if cfg.Services, err = ints(svc); err != nil {
 		return err
