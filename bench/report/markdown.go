@@ -327,9 +327,17 @@ func Markdown(w io.Writer, r *Run, plots []string) error {
 		p("- %s feed, %s, %d services, %s at %s kpps (loss %.2f%%): %s%s\n", x.Feed, x.Path, x.Services, x.Label(), kpps(x.CostRate), x.CostLoss*100, strings.Join(runs, ", "), note)
 	}
 	if len(r.TCP) > 0 {
-		p("\n## TCP connections through the VIP\n\n| path | services | concurrency | conn/s | p50 us | p90 us | p99 us | forwarding us/conn | errors |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		p("\n## TCP connections through the VIP\n\n")
+		if r.TCPRounds > 1 {
+			p("Each path ran %d rounds, the paths in turn; each row is the path's median round, and the last column lists every round's rate in order.\n\n", r.TCPRounds)
+		}
+		p("| path | services | concurrency | conn/s | p50 us | p90 us | p99 us | forwarding us/conn | errors | rounds (conn/s) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 		for _, t := range r.TCP {
-			p("| %s | %d | %d | %.0f | %s | %s | %s | %.1f | %d |\n", t.Path, t.Services, t.Concurrency, t.CPS, us(t.P50), us(t.P90), us(t.P99), t.CostUs, t.Errors)
+			var rounds []string
+			for _, c := range t.RoundsCPS {
+				rounds = append(rounds, fmt.Sprintf("%.0f", c))
+			}
+			p("| %s | %d | %d | %.0f | %s | %s | %s | %.1f | %d | %s |\n", t.Path, t.Services, t.Concurrency, t.CPS, us(t.P50), us(t.P90), us(t.P99), t.CostUs, t.Errors, strings.Join(rounds, ", "))
 		}
 		p("\n")
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/csv"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -43,8 +44,10 @@ func sampleRun() *Run {
 		},
 		TCP: []TCP{
 			{Path: PathNFTables, Services: 1, CPS: 5000, P50: 100 * time.Microsecond, P99: 300 * time.Microsecond, Histogram: []uint64{0, 0, 0, 0, 0, 10, 5}, Bucket: 20 * time.Microsecond},
-			{Path: PathXDProxy, Services: 1, CPS: 4000, P50: 80 * time.Microsecond, P99: 200 * time.Microsecond, Histogram: []uint64{0, 0, 0, 0, 10, 5}, Bucket: 20 * time.Microsecond},
+			{Path: PathXDProxy, Services: 1, CPS: 4000, P50: 80 * time.Microsecond, P99: 200 * time.Microsecond, Histogram: []uint64{0, 0, 0, 0, 10, 5}, Bucket: 20 * time.Microsecond,
+				RoundsCPS: []float64{4100, 3900, 4000}},
 		},
+		TCPRounds: 3,
 	}
 }
 
@@ -165,6 +168,7 @@ func TestWriteAll(t *testing.T) {
 		"| 1.20x over the goal: needs 17% less CPU per packet |",
 		"The I/O floor (the same AF_XDP sockets and worker loop, no translation) costs 700 ns",
 		"40% of xdproxy's samples", "What would close it",
+		"Each path ran 3 rounds", "| xdproxy | 1 | 0 | 4000 | 80.0 |", "| 4100, 3900, 4000 |",
 	} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("report.md lacks %q", want)
@@ -172,6 +176,22 @@ func TestWriteAll(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Log(string(md))
+	}
+}
+
+// TestMedianTCP: the median round by connections per second is kept
+// whole, with every round's rate in the order the rounds ran.
+func TestMedianTCP(t *testing.T) {
+	rounds := []TCP{{CPS: 4100, P50: 1}, {CPS: 3900, P50: 2}, {CPS: 4000, P50: 3}, {CPS: 3950, P50: 4}}
+	m := MedianTCP(rounds[:3])
+	if m.CPS != 4000 || m.P50 != 3 || !slices.Equal(m.RoundsCPS, []float64{4100, 3900, 4000}) {
+		t.Errorf("median of three: %+v", m)
+	}
+	if m := MedianTCP(rounds); m.CPS != 3950 || m.P50 != 4 || len(m.RoundsCPS) != 4 {
+		t.Errorf("median of four (the lower middle one): %+v", m)
+	}
+	if m := MedianTCP(rounds[:1]); m.CPS != 4100 || m.RoundsCPS != nil {
+		t.Errorf("one round: %+v", m)
 	}
 }
 

@@ -1,7 +1,9 @@
 package report
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/xdproxy/xdproxy/bench/search"
@@ -150,6 +152,27 @@ type TCP struct {
 	Histogram []uint64 `json:"histogram"`
 	Bucket    time.Duration
 	Note      string `json:"note,omitempty"`
+	// RoundsCPS holds the connections per second of every round, in the
+	// order they ran, when the test ran more than once; the rest of the
+	// result is the median round's.
+	RoundsCPS []float64 `json:"roundsCps,omitempty"`
+}
+
+// MedianTCP returns the round with the median connections per second
+// (the lower of the middle two for an even count), with every round's
+// rate in RoundsCPS.
+func MedianTCP(rounds []TCP) TCP {
+	if len(rounds) == 1 {
+		return rounds[0]
+	}
+	sorted := slices.Clone(rounds)
+	slices.SortStableFunc(sorted, func(a, b TCP) int { return cmp.Compare(a.CPS, b.CPS) })
+	m := sorted[(len(sorted)-1)/2]
+	m.RoundsCPS = nil
+	for _, t := range rounds {
+		m.RoundsCPS = append(m.RoundsCPS, t.CPS)
+	}
+	return m
 }
 
 // Generator is a measured ceiling of the traffic generator.
@@ -183,6 +206,8 @@ type Run struct {
 	Feeds []Feed `json:"feeds"`
 	// TCPFeed says how the TCP test's traffic reaches the node.
 	TCPFeed string `json:"tcpFeed,omitempty"`
+	// TCPRounds is how many rounds of the TCP test each path ran.
+	TCPRounds int `json:"tcpRounds,omitempty"`
 	// Scheduling says which priorities the benchmark's threads ran at.
 	Scheduling string `json:"scheduling,omitempty"`
 	// KubeProxy describes the real kube-proxy paths (empty when none ran).

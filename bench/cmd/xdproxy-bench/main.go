@@ -91,7 +91,8 @@ func benchCmd(args []string) error {
 		costRate     = fs.Float64("cost-rate", 0, "offered pps of the cost runs (default: min(200k, half the generator ceiling))")
 		size         = fs.Int("size", 64, "frame size including FCS")
 		tcp          = fs.Bool("tcp", true, "run the TCP connection test")
-		tcpDuration  = fs.Duration("tcp-duration", 0, "length of the TCP connection test (default 3s; quick 2s)")
+		tcpDuration  = fs.Duration("tcp-duration", 0, "length of one round of the TCP connection test (default 3s; quick 2s)")
+		tcpRounds    = fs.Int("tcp-rounds", 3, "rounds of the TCP connection test, the paths in turn; each path reports its median round")
 		packet       = fs.Bool("packet", true, "run the packet-rate tests")
 		profile      = fs.Bool("profile", true, "profile the running xdproxy binary under traffic (admin socket /debug/pprof/profile)")
 		profileSvc   = fs.Int("profile-services", 0, "service count of the profiles (default 1000 when measured, else the most)")
@@ -147,7 +148,7 @@ func benchCmd(args []string) error {
 		Quick: *quick, Plan: topo.Plan{GenCPU: *genCPU, ForwardCPU: *fwdCPU},
 		Trial: time.Second, CostRuns: 5, SearchTrials: 7, CurvePoints: 3, WarmUps: 5, CostRate: *costRate,
 		FrameSize: *size, Tolerance: 0.001, Settle: 150 * time.Millisecond,
-		Packet: *packet, TCP: *tcp, TCPServices: []int{1, 1000}, TCPDuration: 3 * time.Second, TCPConcurrency: 8,
+		Packet: *packet, TCP: *tcp, TCPServices: []int{1, 1000}, TCPDuration: 3 * time.Second, TCPConcurrency: 8, TCPRounds: 3,
 		Self: self, Pktgen: *pktgenBin, XDProxyBin: *xdproxyBin, IPTablesRestore: *iptables, RulesTimeout: *rulesTimeout,
 		Profile: *profile, ProfileServices: *profileSvc, ProfileTrial: 3 * time.Second, Verbose: *verbose, Nice: *nice, RTPriority: *rtPrio,
 		Only: splitList(*only), KubeBins: kubeBins, KubeBinsErr: kubeErr,
@@ -177,6 +178,7 @@ func benchCmd(args []string) error {
 	if *tcpDuration > 0 {
 		cfg.TCPDuration = *tcpDuration
 	}
+	cfg.TCPRounds = *tcpRounds
 	if cfg.Services, err = ints(svc); err != nil {
 		return err
 	}
