@@ -4,10 +4,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
+	"slices"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/xdproxy/xdproxy/dataplane/service"
 )
@@ -84,4 +87,63 @@ func BenchmarkIncrementalSlice(b *testing.B) {
 			b.Fatal(len(m.Ports))
 		}
 	}
+}
+
+// BenchmarkBuilderSetService adds 100,000 Services in each order and builds
+// the Model; delete removes them all in random order (a namespace going
+// away). Kubernetes hands over its first sync in random order.
+func BenchmarkBuilderSetService(b *testing.B) {
+	const n = 100000
+	c := quietConverter()
+	keys := make([]types.NamespacedName, n)
+	svcs := make([]*Service, n)
+	for i := range n {
+		s := makeService("bench", fmt.Sprintf("svc-%06d", i), func(s *v1.Service) {
+			ip := fmt.Sprintf("172.%d.%d.%d", 16+i>>16, i>>8&255, i&255)
+			s.Spec.ClusterIP, s.Spec.ClusterIPs = ip, []string{ip}
+		})
+		keys[i], svcs[i] = typesName(s.Namespace, s.Name), c.Service(s)
+	}
+	sorted := make([]int, n)
+	for i := range sorted {
+		sorted[i] = i
+	}
+	random := slices.Clone(sorted)
+	rand.New(rand.NewPCG(1, 2)).Shuffle(n, func(i, j int) { random[i], random[j] = random[j], random[i] })
+	reverse := slices.Clone(sorted)
+	slices.Reverse(reverse)
+	add := func(bld *Builder, order []int) {
+		for _, i := range order {
+			bld.SetService(keys[i], svcs[i])
+		}
+	}
+	for _, tc := range []struct {
+		name  string
+		order []int
+	}{{"sorted", sorted}, {"random", random}, {"reverse", reverse}} {
+		b.Run("add/"+tc.name, func(b *testing.B) {
+			for b.Loop() {
+				bld := NewBuilder()
+				add(bld, tc.order)
+				if m := bld.Model(service.Node{}); len(m.Ports) != n {
+					b.Fatal(len(m.Ports))
+				}
+			}
+		})
+	}
+	b.Run("delete/random", func(b *testing.B) {
+		for b.Loop() {
+			b.StopTimer()
+			bld := NewBuilder()
+			add(bld, sorted)
+			bld.Model(service.Node{})
+			b.StartTimer()
+			for _, i := range random {
+				bld.SetService(keys[i], nil)
+			}
+			if m := bld.Model(service.Node{}); len(m.Ports) != 0 {
+				b.Fatal(len(m.Ports))
+			}
+		}
+	})
 }

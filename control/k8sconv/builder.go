@@ -23,7 +23,13 @@ type SliceKey struct {
 // A Builder is not safe for concurrent use; one goroutine (the sync loop)
 // owns it.
 type Builder struct {
-	entries []entry // one per service, sorted by key
+	// entries holds one entry per service, sorted by key. Between Models
+	// it may hold removed services (nil svc), and the added ones wait in
+	// added: Model merges them in at once, as placing each on its own
+	// moves O(N) entries and a first sync comes in random order.
+	entries []entry
+	added   map[types.NamespacedName]*Service
+	removed int // entries with a nil svc
 	slices  map[types.NamespacedName]map[string]*Slice
 	owner   map[SliceKey]types.NamespacedName // slice -> the service it was filed under
 
@@ -52,6 +58,7 @@ type endpointKey struct {
 // NewBuilder returns an empty Builder.
 func NewBuilder() *Builder {
 	return &Builder{
+		added:  make(map[types.NamespacedName]*Service),
 		slices: make(map[types.NamespacedName]map[string]*Slice),
 		owner:  make(map[SliceKey]types.NamespacedName),
 		dirty:  make(map[types.NamespacedName]struct{}),
@@ -68,18 +75,59 @@ func (b *Builder) find(key types.NamespacedName) (int, bool) {
 func (b *Builder) SetService(key types.NamespacedName, svc *Service) {
 	i, found := b.find(key)
 	switch {
-	case svc == nil && found:
-		b.entries = slices.Delete(b.entries, i, i+1)
+	case found && svc == nil:
+		if b.entries[i].svc == nil {
+			return
+		}
+		b.entries[i] = entry{key: key} // dropped by the next Model
+		b.removed++
 		b.layoutChanged = true
-	case svc != nil && found:
+	case found:
+		if b.entries[i].svc == nil {
+			b.removed-- // back before the Model that would drop it
+		}
 		b.entries[i].svc = svc
-	case svc != nil:
-		b.entries = slices.Insert(b.entries, i, entry{key: key, svc: svc})
-		b.layoutChanged = true
+	case svc == nil:
+		if _, ok := b.added[key]; !ok {
+			return
+		}
+		delete(b.added, key)
 	default:
-		return
+		b.added[key] = svc
+		b.layoutChanged = true
 	}
 	b.dirty[key] = struct{}{}
+}
+
+// merge brings entries up to date: it sorts the added services and merges
+// them in, and drops the removed ones. That is O(N + k log k) for k
+// changes, once per Model.
+func (b *Builder) merge() {
+	if len(b.added) == 0 && b.removed == 0 {
+		return
+	}
+	add := make([]entry, 0, len(b.added))
+	for key, svc := range b.added {
+		add = append(add, entry{key: key, svc: svc})
+	}
+	slices.SortFunc(add, func(x, y entry) int { return compareKey(x.key, y.key) })
+	// A key is never in both: SetService finds it in entries first.
+	merged := make([]entry, 0, len(b.entries)-b.removed+len(add))
+	old := b.entries
+	for len(old) > 0 || len(add) > 0 {
+		if len(add) == 0 || len(old) > 0 && compareKey(old[0].key, add[0].key) < 0 {
+			if old[0].svc != nil {
+				merged = append(merged, old[0])
+			}
+			old = old[1:]
+		} else {
+			merged = append(merged, add[0])
+			add = add[1:]
+		}
+	}
+	b.entries = merged
+	clear(b.added)
+	b.removed = 0
 }
 
 // SetSlice records the EndpointSlice named key; a nil sl removes it.
@@ -106,7 +154,7 @@ func (b *Builder) SetSlice(key SliceKey, sl *Slice) {
 }
 
 // Services reports how many services the Builder holds.
-func (b *Builder) Services() int { return len(b.entries) }
+func (b *Builder) Services() int { return len(b.entries) - b.removed + len(b.added) }
 
 // Model rebuilds the services that changed and returns a new Model for
 // node. The Model shares unchanged ServicePorts' contents with earlier
@@ -114,6 +162,7 @@ func (b *Builder) Services() int { return len(b.entries) }
 // new Revision and the others keep theirs, so service.CompileFrom can
 // compile only what changed.
 func (b *Builder) Model(node service.Node) *service.Model {
+	b.merge()
 	var rebuilt []int
 	for key := range b.dirty {
 		i, found := b.find(key)

@@ -2,12 +2,15 @@ package k8sconv
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"reflect"
+	"slices"
 	"strconv"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/xdproxy/xdproxy/dataplane/service"
 )
@@ -257,5 +260,95 @@ func TestBuilderRevisions(t *testing.T) {
 			}
 		}
 		m = next
+	}
+}
+
+// Services come, go and change in any order, several per Model: each Model
+// is the one a new Builder makes from the same objects, and only the
+// services touched since the last Model get new revisions.
+func TestBuilderAnyOrder(t *testing.T) {
+	c, _ := newTestConverter(t, Options{})
+	const keys = 40
+	svcs := make([][2]*Service, keys) // with one port and with two
+	sls := make([]*Slice, keys)
+	for i := range keys {
+		name := fmt.Sprintf("s%02d", i)
+		ns := fmt.Sprint("ns", i%3) // sorted by namespace first
+		ip := fmt.Sprintf("172.30.0.%d", i+1)
+		for p := range 2 {
+			svcs[i][p] = c.Service(makeService(ns, name, func(s *v1.Service) {
+				s.Spec.ClusterIP, s.Spec.ClusterIPs = ip, []string{ip}
+				if p == 1 {
+					s.Spec.Ports = append(s.Spec.Ports, v1.ServicePort{Name: "p81", Port: 81, Protocol: v1.ProtocolTCP})
+				}
+			}))
+		}
+		sls[i] = c.EndpointSlice(makeSlice(ns, name+"-1", name, withEndpoints(ep(fmt.Sprintf("10.0.0.%d", i+1)))))
+	}
+	key := func(i int) types.NamespacedName { return svcs[i][0].Key }
+	sliceKey := func(i int) SliceKey { return SliceKey{svcs[i][0].Key.Namespace, fmt.Sprintf("s%02d-1", i)} }
+	noRevisions := func(m *service.Model) []service.ServicePort {
+		ports := slices.Clone(m.Ports)
+		for i := range ports {
+			ports[i].Revision = 0
+		}
+		return ports
+	}
+
+	rng := rand.New(rand.NewPCG(1, 2))
+	b := NewBuilder()
+	live := map[int]*Service{}
+	withSlice := map[int]bool{}
+	var last *service.Model
+	for step := range 200 {
+		touched := map[types.NamespacedName]bool{}
+		for range rng.IntN(2*keys) + 1 {
+			i := rng.IntN(keys)
+			touched[key(i)] = true
+			switch op := rng.IntN(10); {
+			case op < 4:
+				live[i] = svcs[i][rng.IntN(2)]
+				b.SetService(key(i), live[i])
+			case op < 8:
+				delete(live, i)
+				b.SetService(key(i), nil)
+			case withSlice[i]:
+				delete(withSlice, i)
+				b.SetSlice(sliceKey(i), nil)
+			default:
+				withSlice[i] = true
+				b.SetSlice(sliceKey(i), sls[i])
+			}
+			if b.Services() != len(live) {
+				t.Fatalf("step %d: Services() = %d, want %d", step, b.Services(), len(live))
+			}
+		}
+		m := b.Model(service.Node{})
+
+		fresh := NewBuilder()
+		for i := range keys {
+			if live[i] != nil {
+				fresh.SetService(key(i), live[i])
+			}
+			if withSlice[i] {
+				fresh.SetSlice(sliceKey(i), sls[i])
+			}
+		}
+		if got, want := noRevisions(m), noRevisions(fresh.Model(service.Node{})); !reflect.DeepEqual(got, want) {
+			t.Fatalf("step %d:\n got %v\nwant %v", step, got, want)
+		}
+		if last != nil {
+			before := map[service.PortName]uint64{}
+			for _, sp := range last.Ports {
+				before[sp.Name] = sp.Revision
+			}
+			for _, sp := range m.Ports {
+				rev, ok := before[sp.Name]
+				if kept := ok && rev == sp.Revision; kept == touched[typesName(sp.Name.Namespace, sp.Name.Name)] {
+					t.Fatalf("step %d: %v touched %v, kept its revision %v", step, sp.Name, !kept, kept)
+				}
+			}
+		}
+		last = m
 	}
 }
