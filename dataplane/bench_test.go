@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/xdproxy/xdproxy/dataplane/service"
 	"github.com/xdproxy/xdproxy/nat/conntrack"
@@ -118,5 +119,79 @@ func BenchmarkProcessNewFlow(b *testing.B) {
 				i++
 			}
 		})
+	}
+}
+
+// udpEndpointsModel is testModel with one more UDP service, of n
+// endpoints (172.20.0.0/16, port 5353).
+func udpEndpointsModel(n int) *service.Model {
+	m := testModel()
+	sp := service.ServicePort{Name: service.PortName{Namespace: "bench", Name: "udp-many"}, Proto: packet.ProtoUDP,
+		ClusterIPs: []packet.Addr{addr("198.19.2.1")}, Port: 53}
+	for i := range n {
+		sp.Endpoints = append(sp.Endpoints, service.Endpoint{Addr: packet.AddrFrom4([4]byte{172, 20, byte(i >> 8), byte(i)}),
+			Port: 5353, Ready: true, Serving: true, NodeName: "node-2"})
+	}
+	m.Ports = append(m.Ports, sp)
+	return m
+}
+
+// BenchmarkPublishRemovingUDPEndpoints is a Publish that takes 1,000 UDP
+// endpoints away while a 1 Mi-entry connection table holds 640 Ki flows:
+// the flows to the removed endpoints (4 each) are deleted.
+func BenchmarkPublishRemovingUDPEndpoints(b *testing.B) {
+	const (
+		removed  = 1000
+		perEP    = 4
+		capacity = 1 << 20
+		bulk     = 640 << 10
+	)
+	fn := startFakeNode(b, 1, func(c *EngineConfig) {
+		c.Conntrack.Capacity = capacity
+		// The flows must outlive a slow iteration.
+		c.Conntrack.Timeouts.UDPUnreplied = time.Hour
+		c.Conntrack.Timeouts.TCPSynSent = time.Hour
+	})
+	ct := fn.e.Conntrack()
+	opts := service.CompileOptions{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/24")}}
+	full := service.Compile(udpEndpointsModel(2*removed), opts)
+	fewer := service.Compile(udpEndpointsModel(removed), opts)
+	now := MonotonicNow()
+	web := packet.Tuple{Dst: addr("198.19.0.10"), DstPort: 80, Proto: packet.ProtoTCP}
+	for i := range bulk {
+		o := web
+		o.Src, o.SrcPort = packet.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), 40000
+		tr := o
+		tr.Dst, tr.DstPort = addr("198.18.1.11"), 8080
+		if _, res := ct.Insert(o, tr, conntrack.DNAT, 1, now); res != conntrack.Inserted {
+			b.Fatalf("bulk flow %d: %v", i, res)
+		}
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		b.StopTimer()
+		if err := fn.e.Publish(full); err != nil {
+			b.Fatal(err)
+		}
+		// Flows to the endpoints the next Publish removes.
+		for i := range removed * perEP {
+			ep := i % removed
+			o := packet.Tuple{Src: packet.AddrFrom4([4]byte{10, 250, byte(ep >> 8), byte(ep)}), SrcPort: uint16(1000 + i/removed),
+				Dst: addr("198.19.2.1"), DstPort: 53, Proto: packet.ProtoUDP}
+			tr := o
+			gone := removed + ep // fewer has the first removed endpoints
+			tr.Dst, tr.DstPort = packet.AddrFrom4([4]byte{172, 20, byte(gone >> 8), byte(gone)}), 5353
+			if _, res := ct.Insert(o, tr, conntrack.DNAT, 2, MonotonicNow()); res != conntrack.Inserted {
+				b.Fatalf("UDP flow %d: %v", i, res)
+			}
+		}
+		b.StartTimer()
+		if err := fn.e.Publish(fewer); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	if st := ct.Stats(); st.Live != bulk {
+		b.Fatalf("%d flows left, want the %d bulk flows", st.Live, bulk)
 	}
 }

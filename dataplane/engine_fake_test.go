@@ -40,7 +40,7 @@ type fakeNode struct {
 
 func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-func startFakeNode(t *testing.T, queues int, tweak func(*EngineConfig)) *fakeNode {
+func startFakeNode(t testing.TB, queues int, tweak func(*EngineConfig)) *fakeNode {
 	t.Helper()
 	return startFakeNodeOn(t, newFakeKernel(), queues, tweak)
 }
@@ -188,7 +188,7 @@ func TestTxFullIsCountedAndLeaksNothing(t *testing.T) {
 	})
 }
 
-func startFakeNodeOn(t *testing.T, k *fakeKernel, queues int, tweak func(*EngineConfig)) *fakeNode {
+func startFakeNodeOn(t testing.TB, k *fakeKernel, queues int, tweak func(*EngineConfig)) *fakeNode {
 	t.Helper()
 	fn := &fakeNode{k: k}
 	fn.n0 = k.addLink("n0", queues, "198.18.0.1")
@@ -562,6 +562,70 @@ func TestEndedFlowLeavesTheFlowTable(t *testing.T) {
 		t.Fatalf("deleted %d flows, want 1", n)
 	}
 	await(t, "the tuple to leave the flow table", func() bool { return !fn.k.tables.hasFlow(reply) })
+}
+
+// TestPublishDeletesFlowsOfRemovedUDPEndpoints: a Publish that takes
+// several UDP endpoints away at once deletes their flows, reply tuples
+// included, and keeps the flows to the same address on another port and
+// TCP flows to the same endpoint.
+func TestPublishDeletesFlowsOfRemovedUDPEndpoints(t *testing.T) {
+	fn := startFakeNode(t, 1, nil)
+	opts := service.CompileOptions{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/24")}}
+	// UDP services u0-u3, one endpoint each; u2's and u3's stay.
+	eps := []struct {
+		addr string
+		port uint16
+	}{{"198.18.1.11", 8080}, {"198.18.1.12", 7002}, {"198.18.1.11", 7003}, {"198.18.1.13", 5353}}
+	model := func(keep int) *service.Model {
+		m := testModel()
+		for i, ep := range eps {
+			sp := service.ServicePort{Name: service.PortName{Namespace: "default", Name: fmt.Sprint("u", i)}, Proto: packet.ProtoUDP,
+				ClusterIPs: []packet.Addr{addr(fmt.Sprint("198.19.3.", i))}, Port: 53}
+			if i >= keep {
+				sp.Endpoints = []service.Endpoint{{Addr: addr(ep.addr), Port: ep.port, Ready: true, Serving: true, NodeName: "node-1"}}
+			}
+			m.Ports = append(m.Ports, sp)
+		}
+		return m
+	}
+	if err := fn.e.Publish(service.Compile(model(0), opts)); err != nil {
+		t.Fatal(err)
+	}
+	var replies []xdp.FlowKey
+	for i := range eps {
+		fn.inject(t, fn.n0, 0, frame(t, packet.ProtoUDP, podA, addr(fmt.Sprint("198.19.3.", i)), uint16(7100+i), 53, 0, nil))
+		p := parse(t, fn.sent(t, fn.n1, 1)[0])
+		if p.Dst != addr(eps[i].addr) || p.DstPort != eps[i].port {
+			t.Fatalf("flow %d went to %v, want %s:%d", i, p.Tuple(), eps[i].addr, eps[i].port)
+		}
+		replies = append(replies, xdp.FlowKey(p.Tuple().Reverse()))
+	}
+	// A TCP flow to u0's endpoint, 198.18.1.11:8080 (a web backend).
+	tcp := packet.Tuple{Src: podA, Dst: addr("198.19.0.10"), SrcPort: 7200, DstPort: 80, Proto: packet.ProtoTCP}
+	tcpTr := packet.Tuple{Src: podA, Dst: addr("198.18.1.11"), SrcPort: 7200, DstPort: 8080, Proto: packet.ProtoTCP}
+	if _, res := fn.e.Conntrack().Insert(tcp, tcpTr, conntrack.DNAT, 1, MonotonicNow()); res != conntrack.Inserted {
+		t.Fatal(res)
+	}
+	before := fn.e.Conntrack().Stats().Deleted
+	if err := fn.e.Publish(service.Compile(model(2), opts)); err != nil {
+		t.Fatal(err)
+	}
+	if d := fn.e.Conntrack().Stats().Deleted - before; d != 2 {
+		t.Errorf("deleted %d flows, want the 2 to u0's and u1's endpoints", d)
+	}
+	await(t, "the removed endpoints' tuples to leave the flow table", func() bool {
+		return !fn.k.tables.hasFlow(replies[0]) && !fn.k.tables.hasFlow(replies[1])
+	})
+	now := MonotonicNow()
+	for i, r := range replies {
+		_, _, ok := fn.e.Conntrack().Lookup(packet.Tuple(r), now)
+		if kept := i >= 2; ok != kept || fn.k.tables.hasFlow(r) != kept {
+			t.Errorf("flow to %s:%d: tracked %v, tuple published %v; want %v", eps[i].addr, eps[i].port, ok, fn.k.tables.hasFlow(r), kept)
+		}
+	}
+	if _, _, ok := fn.e.Conntrack().Lookup(tcp, now); !ok {
+		t.Error("the TCP flow to a removed UDP endpoint's address and port was deleted")
+	}
 }
 
 // startReservingSNAT starts an engine on a fake node whose SNAT ports,

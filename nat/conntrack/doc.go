@@ -149,7 +149,7 @@
 // Config.OnRemove(orig, reply) is called once for every flow that leaves
 // the table: expired (Sweep; an insert that needed the key or the entry of
 // an expired flow; a flow found expired when New restores a state file),
-// early-dropped, or deleted (Delete, DeleteIf, DeleteByBackend). reply is
+// early-dropped, or deleted (Delete, DeleteIf, DeleteByBackend(s)). reply is
 // the tuple reply packets arrive with, the key of the XDP program's reply
 // map. It runs on the goroutine that removed the flow, after the removal,
 // with no shard lock held: removals copy the keys while they hold the

@@ -99,17 +99,31 @@ func (t *Table) CountByState(now int64) [NumStates]int {
 
 // DeleteIf removes every flow for which match returns true and returns how
 // many it removed. It scans the whole table: a control-plane operation.
-func (t *Table) DeleteIf(match func(*FlowInfo) bool) int {
+// match must not keep f: the next entry is read into it.
+func (t *Table) DeleteIf(match func(f *FlowInfo) bool) int {
+	return t.deleteIf(match, nil)
+}
+
+// deleteIf is DeleteIf that also calls removed, when set, with each flow
+// it removed.
+func (t *Table) deleteIf(match func(*FlowInfo) bool, removed func(*FlowInfo)) int {
 	n := 0
+	// One FlowInfo for the whole scan: match escapes, so a variable per
+	// entry would be an allocation per entry (a million per scan).
+	var fi FlowInfo
 	for idx := range uint32(len(t.entries)) {
-		fi, tm, ok := t.readInfo(idx)
-		if !ok || !match(&fi) {
+		var tm uint64
+		var ok bool
+		if fi, tm, ok = t.readInfo(idx); !ok || !match(&fi) {
 			continue
 		}
 		if g, ok := t.remove(idx, tm); ok {
 			t.ownerOf(idx).c.deleted.Add(1)
 			n++
 			t.notify(&g)
+			if removed != nil {
+				removed(&fi)
+			}
 		}
 	}
 	return n
@@ -124,6 +138,68 @@ func (t *Table) DeleteByBackend(addr packet.Addr, port uint16, proto packet.Prot
 		d := &f.Translated
 		return d.Dst == addr && (port == 0 || d.DstPort == port) && (proto == 0 || d.Proto == proto)
 	})
+}
+
+// Backend is an endpoint as DeleteByBackend takes it: Port 0 matches every
+// port and Proto 0 every protocol.
+type Backend struct {
+	Addr  packet.Addr
+	Port  uint16
+	Proto packet.Proto
+}
+
+// DeleteByBackends removes the flows that DeleteByBackend would remove for
+// any key of backends, in one scan of the table where a DeleteByBackend
+// per key would take one each. It adds to each key's value the flows
+// removed for it (a flow that several keys match counts once, for the
+// first of: exact, any protocol, any port, both) and returns the total.
+func (t *Table) DeleteByBackends(backends map[Backend]int) int {
+	if len(backends) == 0 {
+		return 0
+	}
+	// Most flows go to addresses not in backends; a map of bare addresses
+	// (hashed as plain memory, unlike Backend) turns them away quicker.
+	addrs := make(map[packet.Addr]struct{}, len(backends))
+	var anyPort, anyProto bool
+	for b := range backends {
+		addrs[b.Addr] = struct{}{}
+		anyPort = anyPort || b.Port == 0
+		anyProto = anyProto || b.Proto == 0
+	}
+	var hit Backend // the key match found, for removed
+	match := func(f *FlowInfo) bool {
+		d := &f.Translated
+		if !hasKey(addrs, d.Dst) {
+			return false
+		}
+		hit = Backend{Addr: d.Dst, Port: d.DstPort, Proto: d.Proto}
+		if hasKey(backends, hit) {
+			return true
+		}
+		if anyProto {
+			if hit.Proto = 0; hasKey(backends, hit) {
+				return true
+			}
+			hit.Proto = d.Proto
+		}
+		if anyPort {
+			if hit.Port = 0; hasKey(backends, hit) {
+				return true
+			}
+			if anyProto {
+				if hit.Proto = 0; hasKey(backends, hit) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	return t.deleteIf(match, func(*FlowInfo) { backends[hit]++ })
+}
+
+func hasKey[K comparable, V any](m map[K]V, k K) bool {
+	_, ok := m[k]
+	return ok
 }
 
 // Stats are the table's counters since New, and its current fill. Flow
@@ -152,7 +228,7 @@ type Stats struct {
 	EvictedUnreplied uint64
 	Expired          uint64 // removed by Sweep
 	ExpiredOnInsert  uint64 // expired flows removed because a new flow needed their key
-	Deleted          uint64 // removed by Delete, DeleteIf or DeleteByBackend
+	Deleted          uint64 // removed by Delete, DeleteIf, DeleteByBackend(s)
 	IndexRebuilds    uint64
 	// OutOfWindowRST and OutOfWindowFIN count TCP resets and FINs that
 	// UpdateTCP ignored because their sequence numbers were outside the

@@ -54,7 +54,7 @@ type Config struct {
 	// table: expired (Sweep, an insert that needed its key or its entry,
 	// or found expired when New restores a state file), early-dropped by
 	// an insert into a full shard, or deleted (Delete, DeleteIf,
-	// DeleteByBackend). orig is the original tuple, reply the tuple reply
+	// DeleteByBackend(s)). orig is the original tuple, reply the tuple reply
 	// packets arrive with (the key the XDP program's reply map holds). It
 	// runs on the goroutine that removed the flow (a worker's Insert or
 	// Sweep, a control-plane Delete, or New), after the removal and with

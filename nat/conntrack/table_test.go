@@ -714,6 +714,91 @@ func TestDeleteByBackend(t *testing.T) {
 	}
 }
 
+// TestDeleteByBackends: one scan removes what DeleteByBackend would for
+// each key, IPv4 and IPv6, by both tuples, with the OnRemove calls and
+// counters, and counts each flow for the most specific key.
+func TestDeleteByBackends(t *testing.T) {
+	var mu sync.Mutex
+	gone := map[packet.Tuple]bool{} // reply tuples OnRemove was given
+	tb := newTable(t, Config{Capacity: 256, OnRemove: func(_, reply packet.Tuple) {
+		mu.Lock()
+		defer mu.Unlock()
+		gone[reply] = true
+	}})
+	v6client, v6frontend := packet.MustParseAddr("2001:db8::10"), packet.MustParseAddr("2001:db8::100")
+	v6a, v6b := packet.MustParseAddr("2001:db8:1::5"), packet.MustParseAddr("2001:db8:1::6")
+	type flow struct{ orig, tr packet.Tuple }
+	var flows []flow
+	sport := uint16(1000)
+	for _, be := range []packet.Addr{backend, backend2, v6a, v6b} {
+		c, f := client, frontend
+		if !be.Is4() {
+			c, f = v6client, v6frontend
+		}
+		// Three UDP flows to port 53, one to 5353, one TCP to 53.
+		for _, d := range []struct {
+			port  uint16
+			proto packet.Proto
+		}{{53, packet.ProtoUDP}, {53, packet.ProtoUDP}, {53, packet.ProtoUDP}, {5353, packet.ProtoUDP}, {53, packet.ProtoTCP}} {
+			sport++
+			o := tup(c, sport, f, 53, d.proto)
+			tr := tup(c, sport, be, d.port, d.proto)
+			mustInsert(t, tb, o, tr, DNAT, 1, 0)
+			flows = append(flows, flow{o, tr})
+		}
+	}
+	check := func(deleted func(tr packet.Tuple) bool) {
+		t.Helper()
+		for _, f := range flows {
+			_, _, origOK := tb.Lookup(f.orig, 0)
+			_, _, replyOK := tb.Lookup(f.tr.Reverse(), 0)
+			mu.Lock()
+			told := gone[f.tr.Reverse()]
+			mu.Unlock()
+			if d := deleted(f.tr); origOK == d || replyOK == d || told != d {
+				t.Errorf("flow to %v: original found %v, reply found %v, OnRemove %v; want deleted %v", f.tr, origOK, replyOK, told, d)
+			}
+		}
+	}
+
+	keys := map[Backend]int{
+		{Addr: backend, Port: 53, Proto: packet.ProtoUDP}: 0,
+		{Addr: v6a, Port: 53, Proto: packet.ProtoUDP}:     0,
+		{Addr: v6b}: 0, // every port and protocol
+		{Addr: packet.MustParseAddr("198.19.0.99"), Port: 53, Proto: packet.ProtoUDP}: 0,
+	}
+	if n := tb.DeleteByBackends(keys); n != 11 {
+		t.Errorf("deleted %d, want 11", n)
+	}
+	if want := map[Backend]int{
+		{Addr: backend, Port: 53, Proto: packet.ProtoUDP}: 3,
+		{Addr: v6a, Port: 53, Proto: packet.ProtoUDP}:     3,
+		{Addr: v6b}: 5,
+		{Addr: packet.MustParseAddr("198.19.0.99"), Port: 53, Proto: packet.ProtoUDP}: 0,
+	}; fmt.Sprint(keys) != fmt.Sprint(want) {
+		t.Errorf("counts %v, want %v", keys, want)
+	}
+	check(func(tr packet.Tuple) bool {
+		return tr.Dst == v6b || (tr.DstPort == 53 && tr.Proto == packet.ProtoUDP && (tr.Dst == backend || tr.Dst == v6a))
+	})
+
+	// backend has UDP 5353 and TCP 53 left: the exact key takes the
+	// first, the address-only key the other.
+	keys = map[Backend]int{{Addr: backend, Port: 5353, Proto: packet.ProtoUDP}: 0, {Addr: backend}: 0}
+	if n := tb.DeleteByBackends(keys); n != 2 || keys[Backend{Addr: backend, Port: 5353, Proto: packet.ProtoUDP}] != 1 || keys[Backend{Addr: backend}] != 1 {
+		t.Errorf("deleted %d, counts %v; want 2, 1 each", n, keys)
+	}
+	if n := tb.DeleteByBackends(nil); n != 0 {
+		t.Errorf("no keys deleted %d", n)
+	}
+	if st := tb.Stats(); st.Deleted != 13 || st.Live != 7 {
+		t.Errorf("stats %+v", st)
+	}
+	check(func(tr packet.Tuple) bool {
+		return tr.Dst == v6b || tr.Dst == backend || (tr.DstPort == 53 && tr.Proto == packet.ProtoUDP && tr.Dst == v6a)
+	})
+}
+
 func TestAllAndCountByState(t *testing.T) {
 	tb := newTable(t, Config{Capacity: 64})
 	o := tup(client, 1, frontend, 80, packet.ProtoTCP)
