@@ -92,8 +92,32 @@ items:
 			wantServices: 1, wantSlices: 1,
 			wantProblems: []string{
 				`document 2 (line 13): strict decoding error: unknown field "spec.clusterIp"`,
-				"document 3 (line 19):",
+				"document 3 (line 19): yaml: line 3: did not find expected ',' or ']'",
 				"document 4 (line 23):",
+			},
+		},
+		{
+			// Parse converts YAML to JSON itself: the decoder must still see
+			// duplicate and unknown fields, and errors must still name them.
+			name: "duplicate and unknown fields are rejected",
+			data: "apiVersion: v1\nkind: Service\nmetadata: {name: dup}\nspec:\n  clusterIP: 172.30.0.12\n  clusterIP: 172.30.0.13\n" +
+				"---\n" +
+				`{"apiVersion":"v1","kind":"Service","metadata":{"name":"j"},"spec":{"clusterIP":"172.30.0.9","clusterIP":"172.30.0.8"}}` + "\n" +
+				"---\n" +
+				"apiVersion: v1\nkind: Service\nmetadata: {name: x}\nspec:\n  clusterIP: 172.30.0.12\n  ports: [{port: 80, bogus: 1}]\n" +
+				"---\n" +
+				"apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Service\n  metadata: {name: b}\n  spec: {clusterIP: 172.30.0.11}\n  bogus: 1\n" +
+				"---\n" +
+				"apiVersion: v1\nkind: Service\nmetadata: {name: x}\nspec:\n  clusterIP: 172.30.0.12\n  ports: [{port: eighty}]\n" +
+				"---\n" +
+				"apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d, name: e}\n", // ignored, as before
+			wantIgnored: 1,
+			wantProblems: []string{
+				`document 1 (line 1): strict decoding error: yaml: unmarshal errors:` + "\n" + `  line 6: key "clusterIP" already set in map`,
+				`document 2 (line 8): strict decoding error: duplicate field "spec.clusterIP"`,
+				`document 3 (line 10): strict decoding error: unknown field "spec.ports[0].bogus"`,
+				`document 4 (line 17) item 1: strict decoding error: unknown field "bogus"`,
+				`document 5 (line 26): json: cannot unmarshal string into Go struct field ServicePort.spec.ports.port of type int32`,
 			},
 		},
 		{
