@@ -1069,17 +1069,20 @@ func (e *Engine) Publish(t *service.Table) error {
 		// a scan each (50 ms in a 1 Mi-entry table) made a Publish that
 		// removed a thousand hold the lock for a minute.
 		var gone map[conntrack.Backend]int
+		var order []conntrack.Backend // the log lines follow the table's order
 		for _, k := range old.BackendKeys() {
 			if k.Proto != packet.ProtoTCP && !t.IsBackend(k.Proto, k.Addr, k.Port) {
 				if gone == nil {
 					gone = map[conntrack.Backend]int{}
 				}
-				gone[conntrack.Backend{Addr: k.Addr, Port: k.Port, Proto: k.Proto}] = 0
+				b := conntrack.Backend{Addr: k.Addr, Port: k.Port, Proto: k.Proto}
+				gone[b] = 0
+				order = append(order, b)
 			}
 		}
 		if e.ct.DeleteByBackends(gone) > 0 {
-			for k, n := range gone {
-				if n > 0 {
+			for _, k := range order {
+				if n := gone[k]; n > 0 {
 					e.log.Info("flows to removed endpoint deleted", "endpoint", fmt.Sprintf("%v:%d", k.Addr, k.Port), "proto", k.Proto.String(), "flows", n)
 				}
 			}

@@ -329,7 +329,7 @@ func Markdown(w io.Writer, r *Run, plots []string) error {
 	if len(r.TCP) > 0 {
 		p("\n## TCP connections through the VIP\n\n")
 		if r.TCPRounds > 1 {
-			p("Each path ran %d rounds, the paths in turn; each row is the path's median round, and the last column lists every round's rate in order.\n\n", r.TCPRounds)
+			p("Each path ran up to %d rounds, the paths in turn; each row is the path's median round (errors: all its rounds'), and the last column lists the rate of every round that completed, in order.\n\n", r.TCPRounds)
 		}
 		p("| path | services | concurrency | conn/s | p50 us | p90 us | p99 us | forwarding us/conn | errors | rounds (conn/s) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 		for _, t := range r.TCP {

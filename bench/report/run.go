@@ -152,25 +152,25 @@ type TCP struct {
 	Histogram []uint64 `json:"histogram"`
 	Bucket    time.Duration
 	Note      string `json:"note,omitempty"`
-	// RoundsCPS holds the connections per second of every round, in the
-	// order they ran, when the test ran more than once; the rest of the
-	// result is the median round's.
+	// RoundsCPS holds the connections per second of every round that
+	// completed, in the order they ran; Errors counts all of theirs; the
+	// rest of the result is the median round's.
 	RoundsCPS []float64 `json:"roundsCps,omitempty"`
 }
 
 // MedianTCP returns the round with the median connections per second
 // (the lower of the middle two for an even count), with every round's
-// rate in RoundsCPS.
+// rate in RoundsCPS and the errors of all rounds: a round with many
+// errors is usually a slow one, which the median would otherwise hide.
+// rounds must not be empty.
 func MedianTCP(rounds []TCP) TCP {
-	if len(rounds) == 1 {
-		return rounds[0]
-	}
 	sorted := slices.Clone(rounds)
 	slices.SortStableFunc(sorted, func(a, b TCP) int { return cmp.Compare(a.CPS, b.CPS) })
 	m := sorted[(len(sorted)-1)/2]
-	m.RoundsCPS = nil
+	m.RoundsCPS, m.Errors = nil, 0
 	for _, t := range rounds {
 		m.RoundsCPS = append(m.RoundsCPS, t.CPS)
+		m.Errors += t.Errors
 	}
 	return m
 }

@@ -318,7 +318,7 @@ func Run(cfg *Config) (*report.Run, error) {
 					if err != nil {
 						err = fmt.Errorf("TCP %s, %d services, round %d: %w", p, s, round, err)
 						cfg.Log.Printf("    FAILED: %v", err)
-						r.Notes = append(r.Notes, "not measured: "+err.Error())
+						r.Notes = append(r.Notes, "round failed (the path's other rounds still count): "+err.Error())
 						continue
 					}
 					cfg.Log.Printf("    %.0f conn/s, p50 %v p99 %v, %.1f us/conn forwarding, %d errors", t.CPS, t.P50, t.P99, t.CostUs, t.Errors)
