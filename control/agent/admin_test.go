@@ -48,15 +48,11 @@ func TestAdminServices(t *testing.T) {
 // is linear in the services (it used to scan every reply per frontend).
 func BenchmarkAdminServices(b *testing.B) {
 	a, _ := fakeAgent(b)
-	names := make([]string, 10000)
-	for i := range names {
-		names[i] = fmt.Sprintf("s%d", i)
-	}
 	m := lbModel(0, 1)
-	for i, name := range names {
+	for i := range 10000 {
 		m.Ports = append(m.Ports, m.Ports[0])
 		p := &m.Ports[len(m.Ports)-1]
-		p.Name.Name, p.Name.Port, p.NodePort, p.HealthCheckNodePort, p.ExternalPolicyLocal = name, "", 0, 0, false
+		p.Name.Name, p.Name.Port, p.NodePort, p.HealthCheckNodePort, p.ExternalPolicyLocal = fmt.Sprint("s", i), "", 0, 0, false
 		p.LoadBalancerIPs = nil
 		p.ClusterIPs = []packet.Addr{packet.MustParseAddr(fmt.Sprintf("198.20.%d.%d", i/250, i%250+1))}
 	}

@@ -133,11 +133,9 @@ func (t *Table) deleteIf(match func(*FlowInfo) bool, removed func(*FlowInfo)) in
 // proto; port 0 matches every port and proto 0 every protocol. Call it when
 // an endpoint goes away, so that UDP flows, which never end by themselves
 // while the client keeps sending, move to a live endpoint.
+// Several endpoints at once take one scan with DeleteByBackends.
 func (t *Table) DeleteByBackend(addr packet.Addr, port uint16, proto packet.Proto) int {
-	return t.DeleteIf(func(f *FlowInfo) bool {
-		d := &f.Translated
-		return d.Dst == addr && (port == 0 || d.DstPort == port) && (proto == 0 || d.Proto == proto)
-	})
+	return t.DeleteByBackends(map[Backend]int{{Addr: addr, Port: port, Proto: proto}: 0})
 }
 
 // Backend is an endpoint as DeleteByBackend takes it: Port 0 matches every
@@ -148,9 +146,9 @@ type Backend struct {
 	Proto packet.Proto
 }
 
-// DeleteByBackends removes the flows that DeleteByBackend would remove for
-// any key of backends, in one scan of the table where a DeleteByBackend
-// per key would take one each. It adds to each key's value the flows
+// DeleteByBackends removes the flows translated to any key of backends, in
+// one scan of the table where a DeleteByBackend per key would take one
+// each. It adds to each key's value the flows
 // removed for it (a flow that several keys match counts once, for the
 // first of: exact, any protocol, any port, both) and returns the total.
 func (t *Table) DeleteByBackends(backends map[Backend]int) int {
