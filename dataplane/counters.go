@@ -29,8 +29,12 @@ type Counters struct {
 	// exception link: frames that were not ours after all (counted under
 	// their pass_* reason too) and translated frames for destinations
 	// behind interfaces xdproxy does not serve (ViaKernel).
-	ToKernel   atomic.Uint64
-	ViaKernel  atomic.Uint64
+	ToKernel  atomic.Uint64
+	ViaKernel atomic.Uint64
+	// Unresolved counts translated frames whose next hop's neighbour
+	// was not resolved yet: they went through the kernel (counted in
+	// ViaKernel too), which holds them while it resolves it.
+	Unresolved atomic.Uint64
 	Batches    atomic.Uint64
 	ByReason   [packet.NumReasons]atomic.Uint64
 	TxFullDrop atomic.Uint64
@@ -42,7 +46,8 @@ type Counters struct {
 // batchCounters is the per-batch local accumulator.
 type batchCounters struct {
 	rx, forwarded, replied, tx, copied, newFlows uint64
-	toKernel, viaKernel, cacheHits, cacheMisses  uint64
+	toKernel, viaKernel, unresolved              uint64
+	cacheHits, cacheMisses                       uint64
 	byReason                                     [packet.NumReasons]uint64
 }
 
@@ -71,6 +76,9 @@ func (c *Counters) add(b *batchCounters) {
 	if b.viaKernel != 0 {
 		c.ViaKernel.Add(b.viaKernel)
 	}
+	if b.unresolved != 0 {
+		c.Unresolved.Add(b.unresolved)
+	}
 	if b.cacheHits != 0 {
 		c.FlowCacheHits.Add(b.cacheHits)
 	}
@@ -89,7 +97,7 @@ func (c *Counters) add(b *batchCounters) {
 // Snapshot is a plain copy of Counters.
 type Snapshot struct {
 	RxFrames, Forwarded, Replied, TxFrames, Copied, NewFlows, Wakeups, Batches uint64
-	ToKernel, ViaKernel, FlowPublishErrors                                     uint64
+	ToKernel, ViaKernel, Unresolved, FlowPublishErrors                         uint64
 	SpinCatches, FlowCacheHits, FlowCacheMisses                                uint64
 	ByReason                                                                   map[string]uint64
 }
@@ -100,7 +108,7 @@ func (c *Counters) Snapshot() Snapshot {
 		RxFrames: c.RxFrames.Load(), Forwarded: c.Forwarded.Load(), Replied: c.Replied.Load(),
 		TxFrames: c.TxFrames.Load(), Copied: c.Copied.Load(), NewFlows: c.NewFlows.Load(),
 		Wakeups: c.Wakeups.Load(), Batches: c.Batches.Load(), FlowPublishErrors: c.FlowPublishErrors.Load(),
-		ToKernel: c.ToKernel.Load(), ViaKernel: c.ViaKernel.Load(),
+		ToKernel: c.ToKernel.Load(), ViaKernel: c.ViaKernel.Load(), Unresolved: c.Unresolved.Load(),
 		SpinCatches: c.SpinCatches.Load(), FlowCacheHits: c.FlowCacheHits.Load(), FlowCacheMisses: c.FlowCacheMisses.Load(),
 		ByReason: map[string]uint64{},
 	}
@@ -125,6 +133,7 @@ func (s *Snapshot) Add(o Snapshot) {
 	s.FlowPublishErrors += o.FlowPublishErrors
 	s.ToKernel += o.ToKernel
 	s.ViaKernel += o.ViaKernel
+	s.Unresolved += o.Unresolved
 	s.SpinCatches += o.SpinCatches
 	s.FlowCacheHits += o.FlowCacheHits
 	s.FlowCacheMisses += o.FlowCacheMisses

@@ -164,6 +164,41 @@ func TestNoExceptionLinkDropsAndCounts(t *testing.T) {
 	await(t, "the drop", func() bool { return fn.counters().ByReason["drop_no_kernel_path"] == 1 })
 }
 
+// TestUnresolvedNeighbourGoesThroughTheKernel: a translated frame whose
+// next hop has no neighbour entry yet goes to the kernel, which holds it
+// while it resolves the neighbour; it is not dropped. Without an exception
+// link it is dropped and counted.
+func TestUnresolvedNeighbourGoesThroughTheKernel(t *testing.T) {
+	backends := []packet.Addr{addr("198.18.1.11"), addr("198.18.1.12"), addr("198.18.1.13")}
+	for _, exception := range []bool{true, false} {
+		fn := startFakeNode(t, 1, func(c *EngineConfig) {
+			if !exception {
+				c.ExceptionInterface = ""
+			}
+		})
+		for _, b := range backends {
+			fn.k.resolver.setUnresolved(b, true)
+		}
+		fn.inject(t, fn.n0, 0, frame(t, packet.ProtoUDP, podA, addr("198.19.0.20"), 5300, 53, 0, []byte("q")))
+		if !exception {
+			await(t, "the drop", func() bool { return fn.counters().ByReason["drop_neighbor_unresolved"] == 1 })
+			continue
+		}
+		got := fn.sent(t, fn.kEnd.withXdproxyEnd(fn.k), 1)[0]
+		p := parse(t, got)
+		if !slices.Contains(backends, p.Dst) || p.Src != podA || !bytes.Equal(got[0:6], fn.kEnd.MAC) {
+			t.Errorf("sent %v to %x, want podA -> a backend, to the kernel end's MAC %x", p.Tuple(), got[0:6], fn.kEnd.MAC)
+		}
+		c := fn.counters()
+		if c.Unresolved != 1 || c.ViaKernel != 1 || c.Forwarded != 1 || len(c.ByReason) != 0 {
+			t.Errorf("counters %+v: want 1 forwarded through the kernel for want of a neighbour, no drop", c)
+		}
+		if !fn.k.tables.hasFlow(xdp.FlowKey(p.Tuple().Reverse())) {
+			t.Errorf("reply tuple %v not published", p.Tuple().Reverse())
+		}
+	}
+}
+
 // TestTxFullIsCountedAndLeaksNothing: the egress ring takes 2 frames per
 // batch; the rest are dropped as drop_tx_full and their frames return to
 // the free stacks.

@@ -373,10 +373,12 @@ func (w *fakeFlowWriter) Flush() (int, error) {
 }
 
 // fakeResolver routes by exact destination; anything else has no route.
+// A destination marked unresolved has a route but no neighbour yet.
 type fakeResolver struct {
-	mu   sync.Mutex
-	hops map[packet.Addr]NextHop
-	gen  atomic.Uint64
+	mu         sync.Mutex
+	hops       map[packet.Addr]NextHop
+	unresolved map[packet.Addr]bool
+	gen        atomic.Uint64
 }
 
 func (r *fakeResolver) Generation() uint64 { return r.gen.Load() }
@@ -384,10 +386,24 @@ func (r *fakeResolver) Generation() uint64 { return r.gen.Load() }
 func (r *fakeResolver) Resolve(dst packet.Addr) (NextHop, packet.Reason) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.unresolved[dst] {
+		return NextHop{}, packet.DropNeighbor
+	}
 	if h, ok := r.hops[dst]; ok {
 		return h, packet.OK
 	}
 	return NextHop{}, packet.DropNoRoute
+}
+
+// setUnresolved marks dst as having no neighbour entry (or clears it).
+func (r *fakeResolver) setUnresolved(dst packet.Addr, on bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.unresolved == nil {
+		r.unresolved = map[packet.Addr]bool{}
+	}
+	r.unresolved[dst] = on
+	r.gen.Add(1)
 }
 
 func (r *fakeResolver) set(dst packet.Addr, h NextHop) {

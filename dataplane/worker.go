@@ -336,6 +336,13 @@ func (w *Worker) processBatch(descs []afxdp.Desc) {
 		switch v.Action {
 		case Forward, Reply:
 			hop, r := w.hops.resolve(w.resolver, &p.nextHop)
+			if r == packet.DropNeighbor && w.kernel >= 0 {
+				// The kernel holds a frame while it resolves the
+				// neighbour, as it does its own; dropping it would
+				// lose a flow's first datagram, or a SYN for a second.
+				hop, r = &viaKernelHop, packet.OK
+				b.unresolved++
+			}
 			if r != packet.OK {
 				b.byReason[r]++
 				w.release = append(w.release, d)
@@ -398,6 +405,9 @@ func (w *Worker) prepareBatch(descs []afxdp.Desc) {
 	}
 	p.prefetchInserts(len(descs))
 }
+
+// viaKernelHop sends a translated frame through the kernel's stack.
+var viaKernelHop = NextHop{ViaKernel: true}
 
 // toInterface queues a frame for the port that transmits on ifindex.
 func (w *Worker) toInterface(d afxdp.Desc, ifindex int) {

@@ -19,6 +19,7 @@ type dataplaneCollector struct {
 	flowSlots int
 
 	rx, fwd, replied, tx, copied, newFlows, wakeups, toKernel, reasons, publishErrs *prometheus.Desc
+	unresolved                                                                      *prometheus.Desc
 	xdpFrames, xdpMatches                                                           *prometheus.Desc
 	ctEntries, ctState, ctCapacity, ctFill, ctEvents                                *prometheus.Desc
 	ifaceQueues, ifaceServed, healthy, synGuard                                     *prometheus.Desc
@@ -40,6 +41,7 @@ func newDataplaneCollector(e *dataplane.Engine, p *health.Proxy, flowSlots int) 
 		newFlows:     d("worker_new_flows_total", "Connections created.", wl...),
 		wakeups:      d("worker_poll_wakeups_total", "Times the worker woke from poll().", wl...),
 		toKernel:     d("worker_to_kernel_frames_total", "Frames handed to the kernel's stack through the exception link.", wl...),
+		unresolved:   d("worker_unresolved_neighbor_frames_total", "Translated frames sent through the kernel because their next hop's neighbour was not resolved yet (the kernel holds them while it resolves it).", wl...),
 		reasons:      d("worker_not_forwarded_frames_total", "Frames not forwarded as they came, by reason (pass_* went to the kernel).", "interface", "queue", "reason"),
 		publishErrs:  d("worker_flow_publish_errors_total", "Batches whose reply tuples the XDP flow table refused.", wl...),
 		xdpFrames:    d("xdp_frames_total", "Frames seen by the XDP programs, by verdict.", "verdict"),
@@ -63,7 +65,7 @@ func newDataplaneCollector(e *dataplane.Engine, p *health.Proxy, flowSlots int) 
 
 func (c *dataplaneCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.rx, c.fwd, c.replied, c.tx, c.copied, c.newFlows, c.wakeups, c.toKernel,
-		c.reasons, c.publishErrs, c.xdpFrames, c.xdpMatches, c.ctEntries, c.ctState, c.ctCapacity, c.ctFill, c.ctEvents,
+		c.unresolved, c.reasons, c.publishErrs, c.xdpFrames, c.xdpMatches, c.ctEntries, c.ctState, c.ctCapacity, c.ctFill, c.ctEvents,
 		c.ifaceQueues, c.ifaceServed, c.healthy, c.synGuard, c.flowEntries, c.flowCapacity, c.flowEvents, c.flowPass, c.localClients} {
 		ch <- d
 	}
@@ -87,6 +89,7 @@ func (c *dataplaneCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.newFlows, s.NewFlows, l...)
 		counter(c.wakeups, s.Wakeups, l...)
 		counter(c.toKernel, s.ToKernel, l...)
+		counter(c.unresolved, s.Unresolved, l...)
 		counter(c.publishErrs, s.FlowPublishErrors, l...)
 		for reason, v := range s.ByReason {
 			counter(c.reasons, v, l[0], l[1], reason)

@@ -97,19 +97,26 @@ func startServer(binary string, spec serverSpec) (*server, error) {
 	s.cmd.Stderr = &s.stderr
 	// A child of the server holding its stderr must not stall Wait.
 	s.cmd.WaitDelay = time.Second
-	stdout, err := s.cmd.StdoutPipe()
+	// Our own pipe, not StdoutPipe: Wait closes StdoutPipe's read end
+	// as soon as the process exits, so a server that printed why it
+	// failed and exited at once could lose that line to the race.
+	stdout, stdoutWriter, err := os.Pipe()
 	if err != nil {
 		return nil, err
 	}
+	s.cmd.Stdout = stdoutWriter
 	if spec.cgroup != "" {
 		err = startInCgroup(spec.ns, spec.cgroup, s.cmd)
 	} else {
 		err = StartIn(spec.ns, s.cmd)
 	}
+	stdoutWriter.Close() // the child has its own copy now
 	if err != nil {
+		stdout.Close()
 		return nil, fmt.Errorf("testbed: start server %s in %s: %w", spec.name, spec.ns, err)
 	}
 	go func() {
+		defer stdout.Close()
 		r := bufio.NewReader(stdout)
 		line, err := r.ReadString('\n')
 		switch {

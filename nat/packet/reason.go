@@ -37,7 +37,7 @@ const (
 	DropTTLExceeded    // TTL or hop limit would reach zero
 	DropInvalidState   // packet does not fit the tracked connection
 	DropNoRoute        // no route to the translated destination
-	DropNeighbor       // next hop not resolved yet (resolution triggered)
+	DropNeighbor       // next hop not resolved yet and no kernel path to hold the frame (resolution triggered)
 	DropTxFull         // egress ring full
 	DropTooBig         // translated frame does not fit the egress frame
 	DropFlowTableFull  // the XDP program's flow table refused the flow's reply tuple
