@@ -189,6 +189,8 @@ func TestUnresolvedNeighbourGoesThroughTheKernel(t *testing.T) {
 		if !slices.Contains(backends, p.Dst) || p.Src != podA || !bytes.Equal(got[0:6], fn.kEnd.MAC) {
 			t.Errorf("sent %v to %x, want podA -> a backend, to the kernel end's MAC %x", p.Tuple(), got[0:6], fn.kEnd.MAC)
 		}
+		// The worker adds its batch's counters after transmitting.
+		await(t, "the batch's counters", func() bool { return fn.counters().RxFrames == 1 })
 		c := fn.counters()
 		if c.Unresolved != 1 || c.ViaKernel != 1 || c.Forwarded != 1 || len(c.ByReason) != 0 {
 			t.Errorf("counters %+v: want 1 forwarded through the kernel for want of a neighbour, no drop", c)

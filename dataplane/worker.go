@@ -32,9 +32,11 @@ type NextHop struct {
 // Resolver finds the next hop of a destination. Resolve is called per
 // forwarded frame and must not block, lock or allocate; a destination whose
 // neighbour is unknown returns packet.DropNeighbor after triggering
-// resolution, one without a route packet.DropNoRoute. Generation changes
-// whenever an answer of Resolve may change (routes, links, neighbours):
-// workers cache answers until it does (hopCache).
+// resolution (the worker then sends the frame through the kernel, which
+// holds it until the neighbour answers), one without a route
+// packet.DropNoRoute. Generation changes whenever an answer of Resolve
+// may change (routes, links, neighbours): workers cache answers until it
+// does (hopCache).
 type Resolver interface {
 	Resolve(dst packet.Addr) (NextHop, packet.Reason)
 	Generation() uint64
