@@ -198,6 +198,12 @@ func TestUnresolvedNeighbourGoesThroughTheKernel(t *testing.T) {
 		if !fn.k.tables.hasFlow(xdp.FlowKey(p.Tuple().Reverse())) {
 			t.Errorf("reply tuple %v not published", p.Tuple().Reverse())
 		}
+		// A masqueraded flow still takes the address of the interface
+		// it leaves by (n1), not the node's first (n0's).
+		fn.inject(t, fn.n0, 0, frame(t, packet.ProtoUDP, outside, addr("198.19.0.20"), 5301, 53, 0, []byte("q")))
+		if p := parse(t, fn.sent(t, fn.kEnd.withXdproxyEnd(fn.k), 1)[0]); p.Src != nodeAddr {
+			t.Errorf("masqueraded as %v, want from n1's %v", p.Tuple(), nodeAddr)
+		}
 	}
 }
 

@@ -387,7 +387,8 @@ func (r *fakeResolver) Resolve(dst packet.Addr) (NextHop, packet.Reason) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.unresolved[dst] {
-		return NextHop{}, packet.DropNeighbor
+		h := r.hops[dst]
+		return NextHop{Ifindex: h.Ifindex, Src: h.Src}, packet.DropNeighbor
 	}
 	if h, ok := r.hops[dst]; ok {
 		return h, packet.OK

@@ -538,7 +538,9 @@ func (r routeResolver) Resolve(dst packet.Addr) (NextHop, packet.Reason) {
 	case route.Found:
 		return NextHop{Ifindex: int(h.IfIndex), Src: h.SrcMAC, Dst: h.DstMAC}, packet.OK
 	case route.NeedsResolution:
-		return NextHop{}, packet.DropNeighbor
+		// The interface still says which address a masqueraded flow
+		// leaves with (snatSource).
+		return NextHop{Ifindex: int(h.IfIndex), Src: h.SrcMAC}, packet.DropNeighbor
 	case route.NotManaged:
 		// Behind an interface xdproxy does not serve (a local pod's
 		// veth, a bridge, the node itself): the kernel delivers it.
