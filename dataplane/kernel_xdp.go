@@ -345,14 +345,17 @@ func (k *xdpKernel) ExceptionLink(name string) (Link, Link, error) {
 		// IPv6 forwarding is a global switch, which a node with IPv6
 		// pods has on; kernels from 6.17 also forward what one device
 		// receives (force_forwarding), which is all xdproxy needs.
+		// Not fatal, unlike the settings above: it costs IPv6 only.
 		forward6 := "net/ipv6/conf/" + name + "/force_forwarding"
 		if _, err := readSysctl(forward6); err == nil {
-			return writeSysctl(forward6, "1")
+			if err := writeSysctl(forward6, "1"); err == nil {
+				return nil
+			}
 		}
 		if v, err := readSysctl("net/ipv6/conf/all/forwarding"); err == nil && strings.TrimSpace(v) == "0" {
-			k.log.Warn("IPv6 forwarding is off and this kernel cannot turn it on for the exception link alone: "+
+			k.log.Warn("IPv6 forwarding is off and could not be turned on for the exception link alone: "+
 				"IPv6 frames xdproxy hands to the kernel for delivery (local pods, unresolved next hops) are dropped by it",
-				"sysctl", "net.ipv6.conf.all.forwarding")
+				"sysctl", "net.ipv6.conf.all.forwarding", "deviceSysctl", forward6)
 		}
 		return nil
 	})
