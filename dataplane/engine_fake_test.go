@@ -177,7 +177,7 @@ func TestUnresolvedNeighbourGoesThroughTheKernel(t *testing.T) {
 			}
 		})
 		for _, b := range backends {
-			fn.k.resolver.setUnresolved(b, true)
+			fn.k.resolver.setUnresolved(b)
 		}
 		fn.inject(t, fn.n0, 0, frame(t, packet.ProtoUDP, podA, addr("198.19.0.20"), 5300, 53, 0, []byte("q")))
 		if !exception {

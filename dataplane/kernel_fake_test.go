@@ -396,14 +396,14 @@ func (r *fakeResolver) Resolve(dst packet.Addr) (NextHop, packet.Reason) {
 	return NextHop{}, packet.DropNoRoute
 }
 
-// setUnresolved marks dst as having no neighbour entry (or clears it).
-func (r *fakeResolver) setUnresolved(dst packet.Addr, on bool) {
+// setUnresolved marks dst as having no neighbour entry.
+func (r *fakeResolver) setUnresolved(dst packet.Addr) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.unresolved == nil {
 		r.unresolved = map[packet.Addr]bool{}
 	}
-	r.unresolved[dst] = on
+	r.unresolved[dst] = true
 	r.gen.Add(1)
 }
 

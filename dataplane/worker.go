@@ -338,17 +338,17 @@ func (w *Worker) processBatch(descs []afxdp.Desc) {
 		switch v.Action {
 		case Forward, Reply:
 			hop, r := w.hops.resolve(w.resolver, &p.nextHop)
-			if r == packet.DropNeighbor && w.kernel >= 0 {
+			if r != packet.OK {
+				if r != packet.DropNeighbor || w.kernel < 0 {
+					b.byReason[r]++
+					w.release = append(w.release, d)
+					continue
+				}
 				// The kernel holds a frame while it resolves the
 				// neighbour, as it does its own; dropping it would
 				// lose a flow's first datagram, or a SYN for a second.
-				hop, r = &viaKernelHop, packet.OK
+				hop = &viaKernelHop
 				b.unresolved++
-			}
-			if r != packet.OK {
-				b.byReason[r]++
-				w.release = append(w.release, d)
-				continue
 			}
 			d.Len = uint32(v.Len)
 			if v.Action == Forward {
