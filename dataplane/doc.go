@@ -63,7 +63,8 @@
 // the cache, or from conntrack through it) is rewritten without a full
 // parse, with the checksum changes worked out once per flow; everything else
 // takes the general path (packet.Parse and package nat). Reply tuples are
-// published only for new flows, once per batch.
+// published only for new flows, once per batch, into memory the XDP
+// program reads (xdp.FlowWriter: no system call unless a set is full).
 //
 // Idle and busy polling (idle.go). With an empty ring a worker spins for
 // an adaptive while (re-checking the ring with a CPU relax in between),

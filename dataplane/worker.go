@@ -86,8 +86,11 @@ type Worker struct {
 	resolver Resolver
 	hops     hopCache
 	flows    FlowWriter
-	ct       *conntrack.Table
-	egress   *atomic.Pointer[egress]
+	// added counts the proc's NewReplies of this batch already given to
+	// flows.
+	added  int
+	ct     *conntrack.Table
+	egress *atomic.Pointer[egress]
 
 	Counters Counters
 	tid      atomic.Int32
@@ -335,6 +338,12 @@ func (w *Worker) processBatch(descs []afxdp.Desc) {
 		// garbage collector runs.
 		frame := sock.Frame(d)
 		v := p.process(frame, now, &p.pre[i])
+		if len(p.NewReplies) > w.added {
+			// Buffered at once, so that the writer's look-ahead for
+			// where the tuple goes overlaps the batch's other frames.
+			w.flows.Add(xdp.FlowKey(p.NewReplies[w.added]))
+			w.added++
+		}
 		switch v.Action {
 		case Forward, Reply:
 			hop, r := w.hops.resolve(w.resolver, &p.nextHop)
@@ -463,9 +472,10 @@ func (w *Worker) publishFlows() {
 	if len(p.NewReplies) == 0 {
 		return
 	}
-	for _, t := range p.NewReplies {
+	for _, t := range p.NewReplies[w.added:] {
 		w.flows.Add(xdp.FlowKey(t))
 	}
+	w.added = 0
 	n, err := w.flows.Flush()
 	if err != nil {
 		w.Counters.FlowPublishErrors.Add(1)

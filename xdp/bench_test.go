@@ -132,6 +132,55 @@ func BenchmarkFlush(b *testing.B) {
 	}
 }
 
+// BenchmarkPublishAndRetire is a reply tuple's whole life in the tables,
+// as a worker and the janitor see it: written by Flush in a batch of 64
+// new flows, deleted by DeleteFlows when its flow ends. The table holds
+// about a quarter of its capacity meanwhile. place=slots is the table as
+// it is (the reply slots, the map for a full set); place=map writes and
+// deletes through the flows map alone, as before the slots.
+func BenchmarkPublishAndRetire(b *testing.B) {
+	requireRoot(b)
+	for _, place := range []string{"slots", "map"} {
+		b.Run("place="+place, func(b *testing.B) {
+			o, err := Load(Options{MaxFrontends: 16, MaxAddrs: 16})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer o.Close()
+			if place == "map" {
+				o.replies = nil
+			}
+			const held, batch = DefaultMaxFlows / 4, 64
+			ks := flowKeys(held, 0)
+			w := o.NewFlowWriter(batch)
+			for i := 0; i < held; i += batch {
+				for _, k := range ks[i : i+batch] {
+					w.Add(k)
+				}
+				if _, err := w.Flush(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportAllocs()
+			next := 0
+			for b.Loop() {
+				chunk := ks[next : next+batch]
+				next = (next + batch) % held
+				if err := o.DeleteFlows(chunk); err != nil {
+					b.Fatal(err)
+				}
+				for _, k := range chunk {
+					w.Add(k)
+				}
+				if n, err := w.Flush(); n != batch || err != nil {
+					b.Fatalf("Flush: %d of %d, %v", n, batch, err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*batch), "ns/flow")
+		})
+	}
+}
+
 // BenchmarkForEachFlow measures reading back a full table of the default
 // size, as a reconciler would.
 func BenchmarkForEachFlow(b *testing.B) {

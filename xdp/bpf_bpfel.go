@@ -60,6 +60,12 @@ type bpfFragKey struct {
 	Pad   [3]uint8
 }
 
+type bpfReplySet struct {
+	_   structs.HostLayout
+	Tag [4]uint64
+	Key [4][5]uint64
+}
+
 type bpfSvcKey struct {
 	_     structs.HostLayout
 	Addr  [16]uint8
@@ -92,6 +98,7 @@ const (
 	bpfMapFlows          = "flows"
 	bpfMapFrags          = "frags"
 	bpfMapFrontends      = "frontends"
+	bpfMapReplySlots     = "reply_slots"
 	bpfMapSynGuard       = "syn_guard"
 	bpfMapSynSeen        = "syn_seen"
 	bpfMapXsks           = "xsks"
@@ -155,6 +162,7 @@ type bpfMapSpecs struct {
 	Flows        *ebpf.MapSpec `ebpf:"flows"`
 	Frags        *ebpf.MapSpec `ebpf:"frags"`
 	Frontends    *ebpf.MapSpec `ebpf:"frontends"`
+	ReplySlots   *ebpf.MapSpec `ebpf:"reply_slots"`
 	SynGuard     *ebpf.MapSpec `ebpf:"syn_guard"`
 	SynSeen      *ebpf.MapSpec `ebpf:"syn_seen"`
 	Xsks         *ebpf.MapSpec `ebpf:"xsks"`
@@ -192,6 +200,7 @@ type bpfMaps struct {
 	Flows        *ebpf.Map `ebpf:"flows"`
 	Frags        *ebpf.Map `ebpf:"frags"`
 	Frontends    *ebpf.Map `ebpf:"frontends"`
+	ReplySlots   *ebpf.Map `ebpf:"reply_slots"`
 	SynGuard     *ebpf.Map `ebpf:"syn_guard"`
 	SynSeen      *ebpf.Map `ebpf:"syn_seen"`
 	Xsks         *ebpf.Map `ebpf:"xsks"`
@@ -205,6 +214,7 @@ func (m *bpfMaps) Close() error {
 		m.Flows,
 		m.Frags,
 		m.Frontends,
+		m.ReplySlots,
 		m.SynGuard,
 		m.SynSeen,
 		m.Xsks,

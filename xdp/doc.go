@@ -42,8 +42,11 @@
 // Objects and Attachment methods may be called from several goroutines;
 // SetTables calls are serialised. A FlowWriter belongs to one goroutine;
 // FlowWriters of several goroutines may flush at once. Nothing here runs
-// per packet: a worker pays one system call per batch of frames, in
-// FlowWriter.Flush, and only when the batch opened connections.
+// per packet. FlowWriter.Flush, once per batch that opened connections,
+// writes their reply tuples into the reply slots (replyslots.go), memory
+// the program reads, with atomic stores and no system call; only tuples
+// whose set is full cost one system call for all of them, into the flows
+// map. The program looks in both.
 //
 // No package outside xdp imports cilium/ebpf for this program: the types
 // here use nat/packet's Addr and Proto.

@@ -42,17 +42,25 @@ func (k bpfFlowKey) public() FlowKey {
 }
 
 // FlowWriter buffers flows for the program to recognise and writes them
-// with one system call per Flush. A dataplane worker owns one: it Adds the
-// reply tuple of every connection it opens while it handles a batch of
-// frames and Flushes before it sends the batch, so that the first reply
-// finds its entry. A FlowWriter must not be shared between goroutines;
-// FlowWriters of different goroutines may Flush at the same time.
+// on Flush: into the reply slots, with no system call, and those whose
+// set is full into the flows map, with one system call for all of them.
+// A dataplane worker owns one: it Adds the reply tuple of every connection
+// it opens while it handles a batch of frames and Flushes before it sends
+// the batch, so that the first reply finds its entry. A FlowWriter must
+// not be shared between goroutines; FlowWriters of different goroutines
+// may Flush at the same time.
 type FlowWriter struct {
-	flows  *ebpf.Map
-	keys   []bpfFlowKey // len is the capacity; keys[:n] are buffered
-	values []uint8      // all present
-	n      int
-	// boxed[n] holds keys[:n] and values[:n] as the interfaces that
+	flows   *ebpf.Map
+	replies *replySlots  // nil: every flow goes to flows
+	keys    []bpfFlowKey // len is the capacity; keys[:n] are buffered
+	values  []uint8      // all present
+	n       int
+	// qs holds keys[:n] as slot words (Add); over holds the flows
+	// whose set was full, and overAt their places in keys.
+	qs     []slotKey
+	over   []bpfFlowKey
+	overAt []int
+	// boxed[n] holds over[:n] and values[:n] as the interfaces that
 	// BatchUpdate takes, made on the first Flush of n flows: converting a
 	// slice to an interface allocates, and Flush should not.
 	boxed []boxedBatch
@@ -67,11 +75,15 @@ type boxedBatch struct{ keys, values any }
 func (o *Objects) NewFlowWriter(capacity int) *FlowWriter {
 	capacity = max(capacity, 1)
 	w := &FlowWriter{
-		flows:  o.flows,
-		keys:   make([]bpfFlowKey, capacity),
-		values: make([]uint8, capacity),
-		boxed:  make([]boxedBatch, capacity+1),
-		batch:  true,
+		flows:   o.flows,
+		replies: o.replies,
+		keys:    make([]bpfFlowKey, capacity),
+		values:  make([]uint8, capacity),
+		qs:      make([]slotKey, capacity),
+		over:    make([]bpfFlowKey, 0, capacity),
+		overAt:  make([]int, 0, capacity),
+		boxed:   make([]boxedBatch, capacity+1),
+		batch:   true,
 	}
 	for i := range w.values {
 		w.values[i] = present
@@ -86,6 +98,13 @@ func (w *FlowWriter) Add(k FlowKey) bool {
 		return false
 	}
 	w.keys[w.n] = k.flowKey()
+	if w.replies.usable() {
+		// Ask for the tuple's set now: a worker adds a flow as it opens
+		// it, so by Flush, at the end of the batch, the set has arrived
+		// (in memory of 4 KiB pages, a page walk as well as a miss).
+		w.qs[w.n] = slotKeyOf(&w.keys[w.n])
+		w.replies.prefetch(&w.qs[w.n])
+	}
 	w.n++
 	return true
 }
@@ -104,10 +123,45 @@ func (w *FlowWriter) Flush() (int, error) {
 	if n == 0 {
 		return 0, nil
 	}
-	keys, values := w.keys[:n], w.values[:n]
+	if w.replies == nil {
+		return w.writeMap(w.keys[:n])
+	}
+	if !w.replies.usable() {
+		return 0, errClosed
+	}
+	qs := w.qs[:n] // Add made them
+	w.over, w.overAt = w.over[:0], w.overAt[:0]
+	for i := range qs {
+		if !w.replies.add(&qs[i]) {
+			w.over = append(w.over, w.keys[i])
+			w.overAt = append(w.overAt, i)
+		}
+	}
+	if len(w.over) == 0 {
+		return n, nil
+	}
+	done, err := w.writeMap(w.over)
+	if err == nil {
+		return n, nil
+	}
+	// The flows from over[done] on are not written: take back those
+	// after it that went into slots, so that what is written is the
+	// first flows in the order they were added, as promised.
+	first := w.overAt[done]
+	for i := first + 1; i < n; i++ {
+		w.replies.remove(&qs[i])
+	}
+	return first, err
+}
+
+// writeMap writes keys into the flows map; see Flush. keys is a prefix of
+// w.keys or of w.over, whose backing arrays never change.
+func (w *FlowWriter) writeMap(keys []bpfFlowKey) (int, error) {
+	n := len(keys)
+	values := w.values[:n]
 	if w.batch {
 		b := &w.boxed[n]
-		if b.keys == nil {
+		if b.keys == nil || &b.keys.([]bpfFlowKey)[0] != &keys[0] {
 			b.keys, b.values = keys, values
 		}
 		done, err := w.flows.BatchUpdate(b.keys, b.values, nil)
@@ -128,11 +182,32 @@ func (w *FlowWriter) Flush() (int, error) {
 }
 
 // DeleteFlows removes keys from the table; keys it does not hold are
-// skipped. Safe to call while FlowWriters flush.
+// skipped. Safe to call while FlowWriters flush. A key found in the reply
+// slots is not looked for in the flows map: it is in one of them, unless
+// a write raced with the slot's set filling or emptying, and then the
+// reconciler's next pass finds the copy left behind.
 func (o *Objects) DeleteFlows(keys []FlowKey) error {
 	ks := make([]bpfFlowKey, len(keys))
 	for i, k := range keys {
 		ks[i] = k.flowKey()
+	}
+	if o.replies != nil {
+		if !o.replies.usable() {
+			return errClosed
+		}
+		// Two passes, so that the sets' cache misses overlap.
+		qs := make([]slotKey, len(ks))
+		for i := range ks {
+			qs[i] = slotKeyOf(&ks[i])
+			o.replies.prefetch(&qs[i])
+		}
+		rest := ks[:0]
+		for i := range qs {
+			if !o.replies.remove(&qs[i]) {
+				rest = append(rest, ks[i])
+			}
+		}
+		ks = rest
 	}
 	if err := del(o.flows, ks); err != nil {
 		return fmt.Errorf("xdp: deleting flows: %w", err)
@@ -147,8 +222,16 @@ const flowChunk = 1024
 // ForEachFlow calls fn for each flow in the table until fn returns false.
 // The table changes underneath (workers add flows, the janitor and the reconciler delete them): a flow
 // added or removed meanwhile may or may not be seen, and without batch
-// operations in the kernel one may be seen twice. fn may call DeleteFlows.
+// operations in the kernel one may be seen twice, as may a tuple a race
+// left in both the reply slots and the map (see DeleteFlows). It reads
+// the slots first. fn may call DeleteFlows.
 func (o *Objects) ForEachFlow(fn func(FlowKey) bool) error {
+	if o.replies != nil && !o.replies.usable() {
+		return errClosed
+	}
+	if o.replies != nil && !o.replies.each(func(q *slotKey) bool { return fn(q.flowKey().public()) }) {
+		return nil
+	}
 	keys := make([]bpfFlowKey, flowChunk)
 	values := make([]uint8, flowChunk)
 	var cursor ebpf.MapBatchCursor

@@ -75,7 +75,10 @@ type Objects struct {
 	cache *btf.Cache
 
 	frontends, flows, frags, addrs, counters, egressConfig *ebpf.Map
-	synGuard, synSeen                                      *ebpf.Map
+	synGuard, synSeen, replySlotsMap                       *ebpf.Map
+	// replies is reply_slots mapped into the process: FlowWriter writes
+	// there first (replyslots.go).
+	replies *replySlots
 
 	mu    sync.Mutex  // serialises SetTables
 	state *tableState // nil: read the maps back before the next sync
@@ -180,6 +183,8 @@ func Load(opts Options) (*Objects, error) {
 	spec.Maps[bpfMapFlows].MaxEntries = uint32(opts.MaxFlows)
 	spec.Maps[bpfMapFrags].MaxEntries = uint32(opts.MaxFragments)
 	spec.Maps[bpfMapSynSeen].MaxEntries = synSeenSets
+	replySetCount := replySets(opts.MaxFlows)
+	spec.Maps[bpfMapReplySlots].MaxEntries = uint32(replySlotCount(replySetCount))
 
 	o := &Objects{opts: opts, spec: spec, cache: btf.NewCache()}
 	if opts.PinDir != "" {
@@ -187,7 +192,7 @@ func Load(opts Options) (*Objects, error) {
 			return nil, err
 		}
 	}
-	adopted := 0
+	adopted, slotsAdopted := 0, false
 	for name, m := range map[string]**ebpf.Map{
 		bpfMapFrontends:    &o.frontends,
 		bpfMapFlows:        &o.flows,
@@ -197,6 +202,7 @@ func Load(opts Options) (*Objects, error) {
 		bpfMapEgressConfig: &o.egressConfig,
 		bpfMapSynGuard:     &o.synGuard,
 		bpfMapSynSeen:      &o.synSeen,
+		bpfMapReplySlots:   &o.replySlotsMap,
 	} {
 		var ok bool
 		if *m, ok, err = o.newMap(name); err != nil {
@@ -205,9 +211,14 @@ func Load(opts Options) (*Objects, error) {
 		}
 		if ok {
 			adopted++
+			slotsAdopted = slotsAdopted || name == bpfMapReplySlots
 		}
 	}
 	o.adopted = adopted
+	if o.replies, err = openReplySlots(o.replySlotsMap, replySetCount, slotsAdopted); err != nil {
+		o.Close()
+		return nil, fmt.Errorf("xdp: %w", err)
+	}
 	if adopted == 0 {
 		// The maps are new and empty: nothing to read back.
 		o.state = &tableState{
@@ -233,8 +244,8 @@ func Load(opts Options) (*Objects, error) {
 // Close releases the tables. Programs still attached keep their own
 // references, so Close every Attachment first.
 func (o *Objects) Close() error {
-	var errs []error
-	for _, m := range []*ebpf.Map{o.frontends, o.flows, o.frags, o.addrs, o.counters, o.egressConfig, o.synGuard, o.synSeen} {
+	errs := []error{o.replies.close()}
+	for _, m := range []*ebpf.Map{o.frontends, o.flows, o.frags, o.addrs, o.counters, o.egressConfig, o.synGuard, o.synSeen, o.replySlotsMap} {
 		if m != nil {
 			errs = append(errs, m.Close())
 		}
@@ -259,6 +270,7 @@ func (o *Objects) shared() map[string]*ebpf.Map {
 		bpfMapEgressConfig: o.egressConfig,
 		bpfMapSynGuard:     o.synGuard,
 		bpfMapSynSeen:      o.synSeen,
+		bpfMapReplySlots:   o.replySlotsMap,
 	}
 }
 

@@ -90,8 +90,8 @@ func TestPinnedStateOutlivesTheProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer o2.Close()
-	if o2.Adopted() != 8 {
-		t.Errorf("second Load adopted %d tables, want all 8", o2.Adopted())
+	if o2.Adopted() != 9 {
+		t.Errorf("second Load adopted %d tables, want all 9", o2.Adopted())
 	}
 	if got := flowSet(t, o2); !got[flowKeys(1, 0)[0]] {
 		t.Error("the flow written by the first generation is gone")

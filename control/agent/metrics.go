@@ -57,7 +57,7 @@ func newDataplaneCollector(e *dataplane.Engine, p *health.Proxy, flowSlots int) 
 		synGuard:     d("syn_guard", "1 while the XDP program admits only retransmitted SYNs (a flood of new connections overruns the table)."),
 		flowEntries:  d("xdp_flow_table_entries", "Reply tuples in the XDP flow map at the reconciler's last pass (every 10 s, or 100 times the last pass's duration when longer, at most 5 min; and soon after a refused write or a lost deletion)."),
 		flowPass:     d("xdp_flow_table_last_pass_seconds", "How long the reconciler's last pass over the XDP flow map took (0 before the first)."),
-		flowCapacity: d("xdp_flow_table_capacity", "Reply tuples the XDP flow map holds."),
+		flowCapacity: d("xdp_flow_table_capacity", "Reply tuples the XDP flow map holds (its hash map; the reply slots in front of it hold at least as many more)."),
 		flowEvents:   d("xdp_flow_table_events_total", "Reconciler repairs of the XDP flow map: stale tuples removed, live ones restored, deletions the janitor's queue lost.", "event"),
 		localClients: d("local_clients_total", "Service connections of clients on the node, as the socket programs handled them (translated, rejected, dropped, ...).", "event"),
 	}

@@ -41,6 +41,9 @@ typedef __u32 __be32;
 /* Map update flags. */
 #define BPF_ANY 0
 
+/* Map creation flags. */
+#define BPF_F_MMAPABLE (1U << 10)
+
 /* XDP verdicts (enum xdp_action). */
 #define XDP_ABORTED 0
 #define XDP_DROP 1

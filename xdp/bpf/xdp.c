@@ -23,6 +23,13 @@
  *              hash, not an LRU: the kernel never evicts a live flow's
  *              entry behind xdproxy's back; it is sized above the
  *              connection table, so it cannot fill while conntrack has room.
+ *   reply_slots ARRAY, mmapable: the same reply tuples as flows, written
+ *              by the workers straight into the map's memory with no
+ *              system call (a hash map update costs the writer a syscall
+ *              and the kernel hundreds of nanoseconds per entry). A
+ *              set-associative table, REPLY_WAYS tuples per set; a tuple
+ *              whose set is full goes into flows instead. Element 0 is
+ *              the header: magic, the hash seed, the set mask.
  *   frags      LRU_HASH, frag_key (src, dst, IP id, proto) of the first
  *              fragment of every datagram this program redirected, so that
  *              its later fragments (no ports to match) follow it. Written
@@ -91,6 +98,29 @@ struct flow_key {
 	__u8 pad[3]; /* always zero */
 };
 
+/* One set of reply_slots: REPLY_WAYS tuples, each with a word of its
+ * state and tag (state | tag << 2) in the set's first cache line, so that
+ * a frame that is not a reply (the node's own traffic) costs one line,
+ * and a reply one more. Writers (Go, replyslots.go) claim an empty way
+ * with a compare-and-swap to REPLY_BUSY, write the key, then store the
+ * tag with REPLY_LIVE; a removal stores REPLY_EMPTY. A reader that meets
+ * a way while it is rewritten may match a torn key: the frame then
+ * reaches a worker that does not know its flow and hands it to the
+ * kernel, as it does any frame that is not ours. In element 0, tag[0] is
+ * REPLY_MAGIC, tag[1] the seed of the set hash and tag[2] the number of
+ * sets less one (a power of two less one); set s is element 1 + s. */
+struct reply_set {
+	__u64 tag[4];
+	__u64 key[4][5]; /* struct flow_key */
+};
+
+#define REPLY_WAYS 4
+#define REPLY_EMPTY 0
+#define REPLY_BUSY 1
+#define REPLY_LIVE 2
+#define REPLY_MAGIC 0x32594c5052445858ULL /* "XXDRPLY2" little-endian */
+#define REPLY_TAG_SALT 0x9e3779b9u
+
 /* A datagram's fragments: what a later fragment (no ports) has in common
  * with its first. The IPv4 id is 16 bits, IPv6's 32. */
 struct frag_key {
@@ -145,6 +175,14 @@ struct {
 	__type(key, struct flow_key);
 	__type(value, __u8);
 } flows SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct reply_set);
+} reply_slots SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -494,22 +532,6 @@ static __always_inline int in_map(void *map, const struct svc_key *k)
 	return bpf_map_lookup_elem(map, k) != 0;
 }
 
-/* in_flows reports whether the packet from src to dst is exactly a reply
- * xdproxy waits for. */
-static __always_inline int in_flows(const struct svc_key *src,
-				    const struct svc_key *dst)
-{
-	struct flow_key k;
-
-	__builtin_memset(&k, 0, sizeof(k));
-	__builtin_memcpy(k.src, src->addr, 16);
-	__builtin_memcpy(k.dst, dst->addr, 16);
-	k.sport = src->port;
-	k.dport = dst->port;
-	k.proto = src->proto;
-	return bpf_map_lookup_elem(&flows, &k) != 0;
-}
-
 static __always_inline __u32 mix32(__u32 h, __u32 w)
 {
 	h ^= w * 0xcc9e2d51;
@@ -524,6 +546,53 @@ static __always_inline __u32 fmix32(__u32 h)
 	h ^= h >> 13;
 	h *= 0xc2b2ae35;
 	return h ^ (h >> 16);
+}
+
+/* in_reply_slots reports whether k is in reply_slots. */
+static __always_inline int in_reply_slots(const struct flow_key *k)
+{
+	__u32 idx = 0;
+	struct reply_set *hdr = bpf_map_lookup_elem(&reply_slots, &idx);
+
+	if (!hdr || hdr->tag[0] != REPLY_MAGIC)
+		return 0;
+	const __u32 *kw = (const __u32 *)k;
+	__u32 h = (__u32)hdr->tag[1];
+#pragma unroll
+	for (int i = 0; i < 10; i++)
+		h = mix32(h, kw[i]);
+	idx = 1 + (fmix32(h) & (__u32)hdr->tag[2]);
+	struct reply_set *set = bpf_map_lookup_elem(&reply_slots, &idx);
+	if (!set)
+		return 0;
+	__u64 want = (__u64)fmix32(h + REPLY_TAG_SALT) << 2 | REPLY_LIVE;
+	const __u64 *kq = (const __u64 *)k;
+#pragma unroll
+	for (int way = 0; way < REPLY_WAYS; way++) {
+		if (*(volatile __u64 *)&set->tag[way] != want)
+			continue;
+		if (set->key[way][0] == kq[0] && set->key[way][1] == kq[1] &&
+		    set->key[way][2] == kq[2] && set->key[way][3] == kq[3] &&
+		    set->key[way][4] == kq[4])
+			return 1;
+	}
+	return 0;
+}
+
+/* in_flows reports whether the packet from src to dst is exactly a reply
+ * xdproxy waits for. */
+static __always_inline int in_flows(const struct svc_key *src,
+				    const struct svc_key *dst)
+{
+	struct flow_key k;
+
+	__builtin_memset(&k, 0, sizeof(k));
+	__builtin_memcpy(k.src, src->addr, 16);
+	__builtin_memcpy(k.dst, dst->addr, 16);
+	k.sport = src->port;
+	k.dport = dst->port;
+	k.proto = src->proto;
+	return in_reply_slots(&k) || bpf_map_lookup_elem(&flows, &k) != 0;
 }
 
 /* syn_guarded reports whether the TCP segment at l4, to a frontend, is the
