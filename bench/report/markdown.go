@@ -110,6 +110,12 @@ func Targets(r *Run) []Verdict {
 					v.Got = fmt.Sprintf("%.2fx (%.0f vs %.0f ns)", ratio, x.CostNs, n.CostNs)
 					if !v.Met {
 						v.Missed = ratioMiss(ratio, goal)
+						// Say when the goal lies below what the sockets
+						// alone cost: no translation can then meet it.
+						if _, floor, ok := r.OwnNs(x); ok && floor.CostNs/n.CostNs > goal {
+							v.Missed += fmt.Sprintf("; the I/O floor alone (%d services, no translation) is %.2fx: the goal is below it",
+								floor.Services, floor.CostNs/n.CostNs)
+						}
 					}
 				}
 				out = append(out, v)

@@ -78,6 +78,16 @@ func TestTargets(t *testing.T) {
 	check("loss at the cost rate (new flow per packet, every service count)", false, "by 0.300 percentage points")
 	check("CPU per packet at 1000 vs 1 services (1000 long flows)", false, "by 30.0 percentage points")
 	check("CPU per packet at 1000 vs 1 services (new flow per packet)", false, "by 15.0 percentage points")
+
+	// A goal below the I/O floor says so.
+	r := sampleRun()
+	r.Packet = append(r.Packet, Packet{Feed: "nic", Path: PathIOFloor, Services: 1000, Traffic: TrafficLong, Flows: 1000, CostNs: 1100})
+	for _, v := range Targets(r) {
+		if v.Target == "CPU per packet vs kernel nftables shape (1000 services, 1000 long flows)" &&
+			!strings.Contains(v.Missed, "the I/O floor alone (1000 services, no translation) is 0.52x: the goal is below it") {
+			t.Errorf("goal below the floor: missed %q", v.Missed)
+		}
+	}
 	check("TCP connections/s vs kube-proxy nftables rule shape (1 services)", false, "by 20%: needs 1.25x the connections/s")
 	// The real kube-proxy's verdicts appear only where it was measured.
 	for name := range got {
