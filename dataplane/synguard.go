@@ -7,16 +7,20 @@ import (
 )
 
 // SYNGuardConfig tunes the SYN guard: while a flood of new TCP connections
-// overruns the connection table (flows early-dropped or refused for room),
-// the XDP program drops every tuple's first SYN and lets in only its
-// retransmission (see xdp.SYNGuard). Spoofed floods send each tuple once
-// and so never reach the workers; a real client connects a retransmission
-// (about a second) late. Zero fields take the defaults.
+// overruns the connection table (new TCP flows early-dropping others or
+// refused for room: conntrack's TCPOverruns), the XDP program drops every
+// tuple's first SYN and lets in only its retransmission (see
+// xdp.SYNGuard). Spoofed floods send each tuple once and so never reach
+// the workers; a real client connects a retransmission (about a second)
+// late. New flows of other protocols that fill the table (a node's DNS
+// churn, a UDP flood) do not turn it on: it could not stop them, and every
+// TCP client would pay the second. Zero fields take the defaults.
 type SYNGuardConfig struct {
 	// Disabled leaves the guard off whatever happens.
 	Disabled bool
-	// Trigger is the number of flows early-dropped or refused for room in
-	// one Interval at which the guard turns on; default the larger of 16
+	// Trigger is the number of new TCP flows that early-dropped a flow or
+	// were refused for room in one Interval at which the guard turns on
+	// (an insert of another protocol never counts); default the larger of 16
 	// and 1/256 of the table's capacity (per 100 ms: the larger of 160
 	// and 1/25 of the table per second).
 	Trigger uint64
@@ -75,10 +79,7 @@ func (e *Engine) guardSYNs() {
 	t := time.NewTicker(cfg.Interval)
 	defer t.Stop()
 	var lastOverrun, lastGuarded uint64
-	overrun := func() uint64 {
-		st := e.ct.Stats()
-		return st.EvictedUnassured + st.FullDrops
-	}
+	overrun := func() uint64 { return e.ct.Stats().TCPOverruns }
 	guarded := func() uint64 {
 		c, err := e.tables.Counters()
 		if err != nil {
@@ -128,8 +129,8 @@ func (e *Engine) guardSYNs() {
 				}
 				e.synGuardOn.Store(true)
 				lastFlood = now
-				e.log.Warn("SYN guard on: the connection table is overrun by new connections; first SYNs are dropped until retransmitted",
-					"flowsDroppedForRoom", dOverrun, "interval", cfg.Interval)
+				e.log.Warn("SYN guard on: the connection table is overrun by new TCP connections; first SYNs are dropped until retransmitted",
+					"tcpInsertsOverrun", dOverrun, "interval", cfg.Interval)
 			case on && dGuarded >= cfg.Trigger:
 				lastFlood = now
 			case on && now.Sub(lastFlood) >= cfg.Calm:

@@ -67,6 +67,42 @@ func TestSYNGuardFollowsTheFlood(t *testing.T) {
 	}
 }
 
+// TestSYNGuardIgnoresOtherProtocols: new UDP flows that overrun the
+// connection table (a node's DNS churn, a UDP flood) leave the guard off;
+// new TCP flows that find the same table full turn it on.
+func TestSYNGuardIgnoresOtherProtocols(t *testing.T) {
+	fn := startFakeNode(t, 1, func(c *EngineConfig) {
+		c.SYNGuard = SYNGuardConfig{Trigger: 100, Calm: 400 * time.Millisecond, Interval: 20 * time.Millisecond}
+	})
+	ct := fn.e.Conntrack()
+	vip := addr("198.19.0.10")
+	flood := func(proto packet.Proto, from int) {
+		now := MonotonicNow()
+		for i := range int(ct.Stats().Capacity) + 1000 {
+			j := from + i
+			src := packet.AddrFrom4([4]byte{203, byte(j >> 24), byte(j >> 16), byte(j >> 8)})
+			orig := packet.Tuple{Src: src, Dst: vip, SrcPort: uint16(1024 + j%60000), DstPort: 53, Proto: proto}
+			tr := orig
+			tr.Dst = addr("198.18.1.11")
+			ct.Insert(orig, tr, 0, 1, now)
+		}
+	}
+	flood(packet.ProtoUDP, 0)
+	if st := ct.Stats(); st.EvictedUnassured+st.FullDrops < 100 || st.TCPOverruns != 0 {
+		t.Fatalf("the UDP flood: %+v; want it to overrun the table and no TCP insert counted", st)
+	}
+	time.Sleep(200 * time.Millisecond) // ten readings of the counters
+	if fn.e.SYNGuardOn() {
+		t.Fatal("the SYN guard turned on for a flood of UDP flows")
+	}
+
+	flood(packet.ProtoTCP, 1<<24)
+	if st := ct.Stats(); st.TCPOverruns < 100 {
+		t.Fatalf("the TCP flood overran nothing: %+v", st)
+	}
+	await(t, "the SYN guard on", func() bool { return fn.e.SYNGuardOn() })
+}
+
 // TestSYNGuardDisabled: a disabled guard never turns on.
 func TestSYNGuardDisabled(t *testing.T) {
 	fn := startFakeNode(t, 1, func(c *EngineConfig) {

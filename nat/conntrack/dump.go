@@ -224,6 +224,11 @@ type Stats struct {
 	// EvictedUnreplied counts, of EvictedUnassured, the flows that had
 	// never seen a reply.
 	EvictedUnreplied uint64
+	// TCPOverruns counts inserts of TCP flows that found the table full:
+	// they early-dropped an unassured flow (of any protocol) or were
+	// refused. It is what a flood of new TCP connections drives, and a
+	// flood of other protocols (DNS churn) does not.
+	TCPOverruns uint64
 	Expired          uint64 // removed by Sweep
 	ExpiredOnInsert  uint64 // expired flows removed because a new flow needed their key
 	Deleted          uint64 // removed by Delete, DeleteIf, DeleteByBackend(s)
@@ -268,6 +273,7 @@ func (t *Table) Stats() Stats {
 		s.EvictedExpired += c.evictedExpired.Load()
 		s.EvictedUnassured += c.evictedUnassured.Load()
 		s.EvictedUnreplied += c.evictedUnreplied.Load()
+		s.TCPOverruns += c.tcpOverruns.Load()
 		s.Expired += c.expired.Load()
 		s.ExpiredOnInsert += c.expiredOnInsert.Load()
 		s.Deleted += c.deleted.Load()

@@ -270,7 +270,16 @@ type shard struct {
 type shardCounters struct {
 	inserts, origExists, replyExists, full, indexFull                            atomic.Uint64
 	evictedExpired, evictedUnassured, evictedUnreplied, expired, expiredOnInsert atomic.Uint64
-	deleted, rebuilds, outOfWindowRST, outOfWindowFIN                            atomic.Uint64
+	deleted, rebuilds, outOfWindowRST, outOfWindowFIN, tcpOverruns               atomic.Uint64
+}
+
+// countTCPOverrun counts an insert of a flow that starts in state st (a
+// TCP flow's is TCPNone) that a full table early-dropped a flow for or
+// refused (Stats.TCPOverruns).
+func (c *shardCounters) countTCPOverrun(st State) {
+	if st == TCPNone {
+		c.tcpOverruns.Add(1)
+	}
 }
 
 // Table is the connection table. All methods are safe for concurrent use,
@@ -654,15 +663,21 @@ func (t *Table) tryInsert(ko, kr *key, ho, hr, meta uint64, st State, nowMs uint
 	if !t.roomInIndex(so, need) || (so != sr && !t.roomInIndex(sr, 1)) {
 		so.c.indexFull.Add(1)
 		so.c.full.Add(1)
+		so.c.countTCPOverrun(st)
 		t.overrun()
 		return Handle{}, Full, 0, 0
 	}
 	idx, ok := so.allocLocked(t)
 	if !ok {
 		t.overrun()
-		if idx, ok = t.evictLocked(so, sr, nowMs, evicted); !ok {
+		var early bool
+		if idx, ok, early = t.evictLocked(so, sr, nowMs, evicted); !ok {
 			so.c.full.Add(1)
+			so.c.countTCPOverrun(st)
 			return Handle{}, Full, 0, 0
+		}
+		if early {
+			so.c.countTCPOverrun(st)
 		}
 	}
 	e := &t.entries[idx]
@@ -895,7 +910,7 @@ func (sh *shard) freeLocked(t *Table, idx uint32) {
 // ends the search there, before an expired entry further on, which the
 // cursor reaches with the next evictions. An assured flow is never
 // evicted. The evicted flow is described in *g.
-func (t *Table) evictLocked(so, sr *shard, nowMs uint64, g *gone) (uint32, bool) {
+func (t *Table) evictLocked(so, sr *shard, nowMs uint64, g *gone) (idx uint32, ok, early bool) {
 	var victim uint32
 	var victimTimer, victimCreated uint64
 	found := false
@@ -923,7 +938,7 @@ func (t *Table) evictLocked(so, sr *shard, nowMs uint64, g *gone) (uint32, bool)
 		if timerDeadline(tm) <= nowMs {
 			if t.unlinkLocked(idx, tm, so, sr, g) {
 				so.c.evictedExpired.Add(1)
-				return idx, true
+				return idx, true, false
 			}
 			continue
 		}
@@ -950,9 +965,9 @@ func (t *Table) evictLocked(so, sr *shard, nowMs uint64, g *gone) (uint32, bool)
 		if timerStatus(victimTimer)&statusSeenReply == 0 {
 			so.c.evictedUnreplied.Add(1)
 		}
-		return victim, true
+		return victim, true, true
 	}
-	return 0, false
+	return 0, false, false
 }
 
 // loadKey copies key words w.
