@@ -228,11 +228,11 @@ type Stats struct {
 	// they early-dropped an unassured flow (of any protocol) or were
 	// refused. It is what a flood of new TCP connections drives, and a
 	// flood of other protocols (DNS churn) does not.
-	TCPOverruns uint64
-	Expired          uint64 // removed by Sweep
-	ExpiredOnInsert  uint64 // expired flows removed because a new flow needed their key
-	Deleted          uint64 // removed by Delete, DeleteIf, DeleteByBackend(s)
-	IndexRebuilds    uint64
+	TCPOverruns     uint64
+	Expired         uint64 // removed by Sweep
+	ExpiredOnInsert uint64 // expired flows removed because a new flow needed their key
+	Deleted         uint64 // removed by Delete, DeleteIf, DeleteByBackend(s)
+	IndexRebuilds   uint64
 	// OutOfWindowRST and OutOfWindowFIN count TCP resets and FINs that
 	// UpdateTCP ignored because their sequence numbers were outside the
 	// tracked window (the caller drops them).
