@@ -187,7 +187,9 @@ func holds(set *bpfReplySet, way int, q *slotKey) bool {
 func (r *replySlots) add(q *slotKey) bool {
 	set, live := r.locate(q)
 	for w := range replyWays {
-		if atomic.LoadUint64(&set.Tag[w]) == live && holds(set, w, q) {
+		// The tag again after the key: a way emptied and taken by
+		// another tuple meanwhile is not q, whatever its words said.
+		if atomic.LoadUint64(&set.Tag[w]) == live && holds(set, w, q) && atomic.LoadUint64(&set.Tag[w]) == live {
 			return true
 		}
 	}

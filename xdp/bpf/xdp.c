@@ -103,10 +103,11 @@ struct flow_key {
  * a frame that is not a reply (the node's own traffic) costs one line,
  * and a reply one more. Writers (Go, replyslots.go) claim an empty way
  * with a compare-and-swap to REPLY_BUSY, write the key, then store the
- * tag with REPLY_LIVE; a removal stores REPLY_EMPTY. A reader that meets
- * a way while it is rewritten may match a torn key: the frame then
- * reaches a worker that does not know its flow and hands it to the
- * kernel, as it does any frame that is not ours. In element 0, tag[0] is
+ * tag with REPLY_LIVE; a removal stores REPLY_EMPTY. A reader reads the
+ * tag, the key, then the tag again; one that still meets a way emptied and
+ * taken again in between may match a torn key: the frame then reaches a
+ * worker that does not know its flow and hands it to the kernel, as it
+ * does any frame that is not ours. In element 0, tag[0] is
  * REPLY_MAGIC, tag[1] the seed of the set hash and tag[2] the number of
  * sets less one (a power of two less one); set s is element 1 + s. */
 struct reply_set {
@@ -571,9 +572,12 @@ static __always_inline int in_reply_slots(const struct flow_key *k)
 	for (int way = 0; way < REPLY_WAYS; way++) {
 		if (*(volatile __u64 *)&set->tag[way] != want)
 			continue;
+		/* The tag again after the key: a way emptied and taken
+		 * by another tuple meanwhile is not this one. */
 		if (set->key[way][0] == kq[0] && set->key[way][1] == kq[1] &&
 		    set->key[way][2] == kq[2] && set->key[way][3] == kq[3] &&
-		    set->key[way][4] == kq[4])
+		    set->key[way][4] == kq[4] &&
+		    *(volatile __u64 *)&set->tag[way] == want)
 			return 1;
 	}
 	return 0;
