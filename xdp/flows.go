@@ -56,14 +56,17 @@ type FlowWriter struct {
 	values  []uint8      // all present
 	n       int
 	// qs holds keys[:n] as slot words (Add); over holds the flows
-	// whose set was full, and overAt their places in keys.
-	qs     []slotKey
-	over   []bpfFlowKey
-	overAt []int
-	// boxed[n] holds over[:n] and values[:n] as the interfaces that
-	// BatchUpdate takes, made on the first Flush of n flows: converting a
-	// slice to an interface allocates, and Flush should not.
-	boxed []boxedBatch
+	// whose set was full, and overAt their places in keys; written says
+	// which of keys[:n] went into a way of their own.
+	qs      []slotKey
+	over    []bpfFlowKey
+	overAt  []int
+	written []bool
+	// boxed[n] holds keys[:n] and values[:n] as the interfaces that
+	// BatchUpdate takes, made on the first write of n flows: converting a
+	// slice to an interface allocates, and Flush should not. boxedOver
+	// is the same for over.
+	boxed, boxedOver []boxedBatch
 	// batch is cleared when the kernel has no batch operations (before
 	// 5.6); Flush then writes key by key.
 	batch bool
@@ -75,15 +78,17 @@ type boxedBatch struct{ keys, values any }
 func (o *Objects) NewFlowWriter(capacity int) *FlowWriter {
 	capacity = max(capacity, 1)
 	w := &FlowWriter{
-		flows:   o.flows,
-		replies: o.replies,
-		keys:    make([]bpfFlowKey, capacity),
-		values:  make([]uint8, capacity),
-		qs:      make([]slotKey, capacity),
-		over:    make([]bpfFlowKey, 0, capacity),
-		overAt:  make([]int, 0, capacity),
-		boxed:   make([]boxedBatch, capacity+1),
-		batch:   true,
+		flows:     o.flows,
+		replies:   o.replies,
+		keys:      make([]bpfFlowKey, capacity),
+		values:    make([]uint8, capacity),
+		qs:        make([]slotKey, capacity),
+		over:      make([]bpfFlowKey, 0, capacity),
+		overAt:    make([]int, 0, capacity),
+		written:   make([]bool, capacity),
+		boxed:     make([]boxedBatch, capacity+1),
+		boxedOver: make([]boxedBatch, capacity+1),
+		batch:     true,
 	}
 	for i := range w.values {
 		w.values[i] = present
@@ -124,7 +129,7 @@ func (w *FlowWriter) Flush() (int, error) {
 		return 0, nil
 	}
 	if w.replies == nil {
-		return w.writeMap(w.keys[:n])
+		return w.writeMap(w.keys[:n], w.boxed)
 	}
 	if !w.replies.usable() {
 		return 0, errClosed
@@ -132,7 +137,9 @@ func (w *FlowWriter) Flush() (int, error) {
 	qs := w.qs[:n] // Add made them
 	w.over, w.overAt = w.over[:0], w.overAt[:0]
 	for i := range qs {
-		if !w.replies.add(&qs[i]) {
+		r := w.replies.add(&qs[i])
+		w.written[i] = r == slotWritten
+		if r == slotSetFull {
 			w.over = append(w.over, w.keys[i])
 			w.overAt = append(w.overAt, i)
 		}
@@ -140,28 +147,31 @@ func (w *FlowWriter) Flush() (int, error) {
 	if len(w.over) == 0 {
 		return n, nil
 	}
-	done, err := w.writeMap(w.over)
-	if err == nil {
-		return n, nil
+	done, err := w.writeMap(w.over, w.boxedOver)
+	if err == nil || done >= len(w.over) {
+		return n, err
 	}
 	// The flows from over[done] on are not written: take back those
-	// after it that went into slots, so that what is written is the
-	// first flows in the order they were added, as promised.
+	// after it that this Flush put into slots, so that what is written
+	// is the first flows in the order they were added, as promised.
 	first := w.overAt[done]
 	for i := first + 1; i < n; i++ {
-		w.replies.remove(&qs[i])
+		if w.written[i] {
+			w.replies.remove(&qs[i])
+		}
 	}
 	return first, err
 }
 
 // writeMap writes keys into the flows map; see Flush. keys is a prefix of
-// w.keys or of w.over, whose backing arrays never change.
-func (w *FlowWriter) writeMap(keys []bpfFlowKey) (int, error) {
+// w.keys or of w.over, whose backing arrays never change, and boxed is
+// its cache of interfaces.
+func (w *FlowWriter) writeMap(keys []bpfFlowKey, boxed []boxedBatch) (int, error) {
 	n := len(keys)
 	values := w.values[:n]
 	if w.batch {
-		b := &w.boxed[n]
-		if b.keys == nil || &b.keys.([]bpfFlowKey)[0] != &keys[0] {
+		b := &boxed[n]
+		if b.keys == nil {
 			b.keys, b.values = keys, values
 		}
 		done, err := w.flows.BatchUpdate(b.keys, b.values, nil)

@@ -186,7 +186,10 @@ func TestFlowTableFullRefuses(t *testing.T) {
 	w := o.NewFlowWriter(32)
 	var written []FlowKey
 	refused := false
-	for i := 0; i < 2*size && !refused; i += 32 {
+	// The reply slots hold at least size more than the map, and as many
+	// as every set's ways when the keys spread evenly: enough keys for
+	// both, and more.
+	for i := 0; i < 4*size+replyWays*replySets(size) && !refused; i += 32 {
 		ks := flowKeys(32, i)
 		addAll(t, w, ks)
 		n, err := w.Flush()
@@ -199,7 +202,7 @@ func TestFlowTableFullRefuses(t *testing.T) {
 		}
 	}
 	if !refused {
-		t.Fatalf("wrote %d flows into a table of %d without an error", len(written), size)
+		t.Fatalf("wrote %d flows into a map of %d and its slots without an error", len(written), size)
 	}
 	got := flowSet(t, o)
 	if err := sameFlows(got, written); err != nil {

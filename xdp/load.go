@@ -105,7 +105,7 @@ func (o *Objects) newMap(name string) (m *ebpf.Map, adopted bool, err error) {
 	if old, err := ebpf.LoadPinnedMap(path, nil); err == nil {
 		info, ierr := old.Info()
 		if ierr == nil && info.Type == spec.Type && info.KeySize == spec.KeySize &&
-			info.ValueSize == spec.ValueSize && info.MaxEntries == spec.MaxEntries {
+			info.ValueSize == spec.ValueSize && info.MaxEntries == spec.MaxEntries && info.Flags == spec.Flags {
 			return old, true, nil
 		}
 		old.Close()

@@ -121,6 +121,10 @@ func openReplySlots(m *ebpf.Map, sets int, adopted bool) (*replySlots, error) {
 	return r, nil
 }
 
+// close unmaps the table. Nothing may use it at the same time or after:
+// Objects.Close is for when the workers, the janitor and the reconciler
+// have stopped (Engine.Close waits for them); closed only turns a later
+// use into an error.
 func (r *replySlots) close() error {
 	if r == nil || r.mem == nil {
 		return nil
@@ -182,15 +186,23 @@ func holds(set *bpfReplySet, way int, q *slotKey) bool {
 	return true
 }
 
-// add writes q into its set, or finds it there. It reports false when the
-// set is full.
-func (r *replySlots) add(q *slotKey) bool {
+// What add did with a tuple.
+type addResult uint8
+
+const (
+	slotWritten addResult = iota // into a way of its own
+	slotPresent                  // it was there already
+	slotSetFull                  // nowhere: its set is full
+)
+
+// add writes q into its set, or finds it there.
+func (r *replySlots) add(q *slotKey) addResult {
 	set, live := r.locate(q)
 	for w := range replyWays {
 		// The tag again after the key: a way emptied and taken by
 		// another tuple meanwhile is not q, whatever its words said.
 		if atomic.LoadUint64(&set.Tag[w]) == live && holds(set, w, q) && atomic.LoadUint64(&set.Tag[w]) == live {
-			return true
+			return slotPresent
 		}
 	}
 	for w := range replyWays {
@@ -201,21 +213,24 @@ func (r *replySlots) add(q *slotKey) bool {
 			atomic.StoreUint64(&set.Key[w][i], q[i])
 		}
 		atomic.StoreUint64(&set.Tag[w], live)
-		return true
+		return slotWritten
 	}
-	return false
+	return slotSetFull
 }
 
-// remove takes q out of its set. It reports false when q was not there.
+// remove takes q out of its set, from every way that holds it (two
+// writers adding it at once may both have taken one). It reports false
+// when q was not there.
 func (r *replySlots) remove(q *slotKey) bool {
 	set, live := r.locate(q)
+	removed := false
 	for w := range replyWays {
 		if atomic.LoadUint64(&set.Tag[w]) == live && holds(set, w, q) &&
 			atomic.CompareAndSwapUint64(&set.Tag[w], live, replyEmpty) {
-			return true
+			removed = true
 		}
 	}
-	return false
+	return removed
 }
 
 // prefetch asks for the first line of q's set, which add and remove read
@@ -231,11 +246,15 @@ func (r *replySlots) each(fn func(*slotKey) bool) bool {
 	for i := 1; i < len(r.sets); i++ {
 		set := &r.sets[i]
 		for w := range replyWays {
-			if atomic.LoadUint64(&set.Tag[w])&3 != replyLive {
+			tag := atomic.LoadUint64(&set.Tag[w])
+			if tag&3 != replyLive {
 				continue
 			}
 			for j := range q {
 				q[j] = atomic.LoadUint64(&set.Key[w][j])
+			}
+			if atomic.LoadUint64(&set.Tag[w]) != tag {
+				continue // emptied or taken again while read
 			}
 			if !fn(&q) {
 				return false

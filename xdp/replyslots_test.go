@@ -108,24 +108,78 @@ func TestReplySlotsOverflowToMap(t *testing.T) {
 }
 
 // TestReplySlotsPrefixOnRefusal: when the map refuses an overflowing
-// reply, Flush reports the flows before it written and takes back those
-// after it that went into slots, so the worker's count stays exact.
+// reply, Flush reports the flows before it written, and takes back the
+// later ones this Flush put into slots (not a tuple that was there
+// before), so the worker's count stays exact.
 func TestReplySlotsPrefixOnRefusal(t *testing.T) {
-	o := loadFlows(t, 2) // one set of four slots, a map of two
-	if len(o.replies.sets) != 2 {
-		t.Fatalf("%d sets and the header, want one set", len(o.replies.sets)-1)
+	const maxFlows = 8 // two sets of four ways, a map of eight
+	o := loadFlows(t, maxFlows)
+	if len(o.replies.sets) != 3 {
+		t.Fatalf("%d sets, want two", len(o.replies.sets)-1)
 	}
-	ks := flowKeys(8, 0)
-	w := o.NewFlowWriter(len(ks))
-	for _, k := range ks {
+	// Keys of set A (the first key's) and of the other set, B.
+	var a, b []FlowKey
+	var setA *bpfReplySet
+	for i := 0; len(a) < replyWays+maxFlows+1 || len(b) < 2; i++ {
+		k := flowKeys(1, i)[0]
+		bk := k.flowKey()
+		q := slotKeyOf(&bk)
+		set, _ := o.replies.locate(&q)
+		if setA == nil {
+			setA = set
+		}
+		if set == setA {
+			a = append(a, k)
+		} else {
+			b = append(b, k)
+		}
+	}
+	// Fill set A's ways and then the map with more of A's, and put one
+	// of B's in a slot.
+	w := o.NewFlowWriter(32)
+	for _, k := range append(append([]FlowKey{}, a[:replyWays+maxFlows]...), b[0]) {
+		w.Add(k)
+	}
+	if n, err := w.Flush(); n != replyWays+maxFlows+1 || err != nil {
+		t.Fatalf("filling: %d written, %v", n, err)
+	}
+	// One more of A's (refused: set and map full), then a new one of B's
+	// (a slot) and B's first again (there already).
+	for _, k := range []FlowKey{a[replyWays+maxFlows], b[1], b[0]} {
 		w.Add(k)
 	}
 	n, err := w.Flush()
-	if err == nil || n != replyWays+2 {
-		t.Fatalf("Flush of 8 into 4 slots and a map of 2: %d written, %v; want 6 and an error", n, err)
+	if err == nil || n != 0 {
+		t.Fatalf("Flush behind a refused reply: %d written, %v; want 0 and an error", n, err)
 	}
-	if err := sameFlows(flowSet(t, o), ks[:n]); err != nil {
-		t.Error(err)
+	if inSlots(o, b[1]) {
+		t.Error("the slot written after the refused reply was not taken back")
+	}
+	if !inSlots(o, b[0]) {
+		t.Error("the reply that was there before the Flush was taken out")
+	}
+}
+
+// TestReplySlotsRemoveEveryCopy: a tuple two writers put into two ways at
+// once leaves with one removal.
+func TestReplySlotsRemoveEveryCopy(t *testing.T) {
+	o := loadFlows(t, 64)
+	k := flowKeys(1, 0)[0].flowKey()
+	q := slotKeyOf(&k)
+	set, live := o.replies.locate(&q)
+	for _, w := range []int{0, 2} { // as two racing writers would
+		for i := range q {
+			set.Key[w][i] = q[i]
+		}
+		atomic.StoreUint64(&set.Tag[w], live)
+	}
+	if !o.replies.remove(&q) {
+		t.Fatal("remove found nothing")
+	}
+	for w := range replyWays {
+		if atomic.LoadUint64(&set.Tag[w]) != replyEmpty {
+			t.Errorf("way %d still holds something after remove", w)
+		}
 	}
 }
 
@@ -172,6 +226,21 @@ func TestReplySlotsAdoption(t *testing.T) {
 	if err := sameFlows(flowSet(t, o2), ks); err != nil {
 		t.Errorf("after adoption: %v", err)
 	}
+	// The program finds them where the header says.
+	inst, err := o2.newInstance(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &Attachment{ifname: "test", inst: inst}
+	if err := a.RegisterSocket(0, xskSocket(t)); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range ks {
+		if ret, _ := runFrame(t, o2, a, replyFrame(t, k)); ret != xdpRedirect {
+			t.Errorf("adopted reply %v: verdict %d, want redirect", k, ret)
+		}
+	}
+	inst.close()
 	if s := atomic.LoadUint64((*uint64)(unsafe.Pointer(&o2.replies.mem[busyOffset]))); s != replyEmpty {
 		t.Errorf("slot left busy: state %d after adoption, want empty", s)
 	}
