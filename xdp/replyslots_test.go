@@ -244,6 +244,20 @@ func TestReplySlotsAdoption(t *testing.T) {
 	if s := atomic.LoadUint64((*uint64)(unsafe.Pointer(&o2.replies.mem[busyOffset]))); s != replyEmpty {
 		t.Errorf("slot left busy: state %d after adoption, want empty", s)
 	}
+	// A header that does not describe the table (another layout of the
+	// same size, say): the next Load starts it afresh with a new seed.
+	atomic.StoreUint64(&o2.replies.sets[0].Tag[0], replyMagic+1)
+	o2.Close()
+	o2, err = Load(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := flowSet(t, o2); len(got) != 0 {
+		t.Errorf("%d flows adopted from a table whose header is not this layout's", len(got))
+	}
+	if m := atomic.LoadUint64(&o2.replies.sets[0].Tag[0]); m != replyMagic {
+		t.Errorf("magic %#x after starting afresh", m)
+	}
 	o2.Close()
 
 	// Another size: the pinned table is replaced, empty.
