@@ -168,9 +168,7 @@ func TestReplySlotsRemoveEveryCopy(t *testing.T) {
 	q := slotKeyOf(&k)
 	set, live := o.replies.locate(&q)
 	for _, w := range []int{0, 2} { // as two racing writers would
-		for i := range q {
-			set.Key[w][i] = q[i]
-		}
+		copy(set.Key[w][:], q[:])
 		atomic.StoreUint64(&set.Tag[w], live)
 	}
 	if !o.replies.remove(&q) {
