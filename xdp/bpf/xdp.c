@@ -49,11 +49,12 @@
  *   3. non-first fragment: (src, dst, id, proto) in frags,
  *      or dst flagged ADDR_VIP                          -> redirect
  *   4. ICMP error (v4 3/11/12, v6 1-4) about a packet xdproxy sent: the
- *      quoted packet reversed is in flows (xdproxy sent it toward a
- *      backend or from a SNAT port), or its source is a frontend (a reply
- *      xdproxy sent to a client)                        -> redirect
+ *      quoted packet reversed is a reply xdproxy waits for (xdproxy
+ *      sent it toward a backend or from a SNAT port), or its source is a
+ *      frontend (a reply xdproxy sent to a client)      -> redirect
  *   5. (dst, dst port, proto) in frontends              -> redirect
- *   6. (src, dst, src port, dst port, proto) in flows   -> redirect
+ *   6. (src, dst, src port, dst port, proto) in reply_slots or flows
+ *                                                       -> redirect
  *   7. anything else                                    -> pass
  * A first fragment that rule 5 or 6 redirects is remembered in frags.
  * "redirect" is bpf_redirect_map(&xsks, rx queue, XDP_DROP): a frame that
