@@ -132,6 +132,21 @@ func BenchmarkFlush(b *testing.B) {
 	}
 }
 
+// writeFlows writes ks through w, a buffer's worth per Flush.
+func writeFlows(tb testing.TB, w *FlowWriter, ks []FlowKey) {
+	tb.Helper()
+	for len(ks) > 0 {
+		n := min(len(ks), len(w.keys))
+		for _, k := range ks[:n] {
+			w.Add(k)
+		}
+		if _, err := w.Flush(); err != nil {
+			tb.Fatal(err)
+		}
+		ks = ks[n:]
+	}
+}
+
 // BenchmarkPublishAndRetire is a reply tuple's whole life in the tables,
 // as a worker and the janitor see it: written by Flush in a batch of 64
 // new flows, deleted by DeleteFlows when its flow ends. The table holds
@@ -153,14 +168,7 @@ func BenchmarkPublishAndRetire(b *testing.B) {
 			const held, batch = DefaultMaxFlows / 4, 64
 			ks := flowKeys(held, 0)
 			w := o.NewFlowWriter(batch)
-			for i := 0; i < held; i += batch {
-				for _, k := range ks[i : i+batch] {
-					w.Add(k)
-				}
-				if _, err := w.Flush(); err != nil {
-					b.Fatal(err)
-				}
-			}
+			writeFlows(b, w, ks)
 			b.ReportAllocs()
 			next := 0
 			for b.Loop() {
@@ -190,15 +198,7 @@ func BenchmarkForEachFlow(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer o.Close()
-	w := o.NewFlowWriter(1024)
-	for i := 0; i < DefaultMaxFlows; i += 1024 {
-		for _, k := range flowKeys(1024, i) {
-			w.Add(k)
-		}
-		if _, err := w.Flush(); err != nil {
-			b.Fatal(err)
-		}
-	}
+	writeFlows(b, o.NewFlowWriter(1024), flowKeys(DefaultMaxFlows, 0))
 	b.ReportAllocs()
 	n := 0
 	for b.Loop() {

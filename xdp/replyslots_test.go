@@ -6,6 +6,14 @@ import (
 	"unsafe"
 )
 
+// setOf is the set of o's reply slots that k falls into.
+func setOf(o *Objects, k FlowKey) *bpfReplySet {
+	bk := k.flowKey()
+	q := slotKeyOf(&bk)
+	set, _ := o.replies.locate(&q)
+	return set
+}
+
 // sameSetKeys returns n replies whose tuples fall into one set of o's
 // reply slots.
 func sameSetKeys(t *testing.T, o *Objects, n int) []FlowKey {
@@ -17,9 +25,7 @@ func sameSetKeys(t *testing.T, o *Objects, n int) []FlowKey {
 			t.Fatalf("found only %d keys of one set", len(out))
 		}
 		k := flowKeys(1, i)[0]
-		bk := k.flowKey()
-		q := slotKeyOf(&bk)
-		set, _ := o.replies.locate(&q)
+		set := setOf(o, k)
 		if first == nil {
 			first = set
 		}
@@ -122,9 +128,7 @@ func TestReplySlotsPrefixOnRefusal(t *testing.T) {
 	var setA *bpfReplySet
 	for i := 0; len(a) < replyWays+maxFlows+1 || len(b) < 2; i++ {
 		k := flowKeys(1, i)[0]
-		bk := k.flowKey()
-		q := slotKeyOf(&bk)
-		set, _ := o.replies.locate(&q)
+		set := setOf(o, k)
 		if setA == nil {
 			setA = set
 		}
